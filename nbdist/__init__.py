@@ -1,0 +1,58 @@
+"""nbdist: train an unchanged Keras notebook on a cluster of ipyparallel engines.
+
+    %load_ext nbdist
+    %dist start -n 2
+    %%distribute define      (model and data cells, replayed on every engine)
+    %%distribute --strategy local
+"""
+
+from __future__ import annotations
+
+from .errors import NbdistError
+from .session import Session
+
+__version__ = "0.1.0"
+__all__ = ["NbdistError", "Session", "get_session", "load_ipython_extension", "unload_ipython_extension"]
+
+_sessions: dict[int, Session] = {}
+
+
+def load_ipython_extension(shell) -> None:
+    """`%load_ext nbdist`: register the magics on this shell, with a Session of its own."""
+    from .magics import NbdistMagics
+
+    if id(shell) in _sessions:
+        return
+    session = Session(shell)
+    _sessions[id(shell)] = session
+
+    def remember_cell_id(info):
+        session.current_cell_id = getattr(info, "cell_id", None)
+
+    session._hook = remember_cell_id
+    shell.events.register("pre_run_cell", remember_cell_id)
+    shell.register_magics(NbdistMagics(shell, session))
+
+
+def unload_ipython_extension(shell) -> None:
+    """`%unload_ext nbdist`: stop a cluster nbdist started and forget the session."""
+    session = _sessions.pop(id(shell), None)
+    if session is not None:
+        shell.events.unregister("pre_run_cell", session._hook)
+        session.stop()
+
+
+def get_session(shell=None) -> Session | None:
+    """The Session of `shell` (default: the running IPython shell)."""
+    if shell is None:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    return _sessions.get(id(shell))
+
+
+def __getattr__(name):
+    if name == "last_run":  # nbdist.last_run: the last Run of this shell's session
+        session = get_session()
+        return session.last_run if session else None
+    raise AttributeError(f"module 'nbdist' has no attribute {name!r}")

@@ -1,0 +1,183 @@
+"""The ipyparallel cluster nbdist trains on: start or connect, inventory, liveness, signals."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+from dataclasses import dataclass, field
+
+from . import engine
+from .errors import ClusterError
+
+# The hub unregisters an engine that misses this many 1 s heartbeats, so a dead engine is
+# named within seconds rather than ipyparallel's default 30 s (clusters nbdist starts only).
+HEARTBEAT_ARGS = ["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonitor_misses=5"]
+PROBE_TIMEOUT_S = 60
+ENGINE_START_TIMEOUT_S = 120
+
+
+@dataclass
+class EngineInfo:
+    """One engine as `%dist status` shows it."""
+
+    id: int
+    host: str = "?"
+    pid: int | None = None
+    boot_id: str | None = None
+    cpus: int | None = None
+    gpus: list = field(default_factory=list)
+    tensorflow: str | None = None
+    keras: str | None = None
+    horovod: str | None = None
+    nbdist: str | None = None
+
+    def label(self) -> str:
+        return f"engine {self.id} (host {self.host}, pid {self.pid})"
+
+
+class ClusterHandle:
+    """A client connection to an ipyparallel cluster, plus the cluster itself when nbdist started it."""
+
+    def __init__(self, client, cluster=None):
+        self.client = client
+        self.cluster = cluster  # an ipyparallel.Cluster when nbdist started it, else None
+        self._info: dict[int, EngineInfo] = {}
+        self._local_boot_id = engine._boot_id()
+
+    @classmethod
+    def start(cls, n: int, engines: str = "local", profile: str | None = None) -> "ClusterHandle":
+        """Start a cluster through `ipyparallel.Cluster` (any of its engine launchers) and wait for it."""
+        import ipyparallel as ipp
+
+        kwargs = {"n": n, "engines": engines, "controller_args": list(HEARTBEAT_ARGS),
+                  "log_level": logging.WARNING, "engine_timeout": ENGINE_START_TIMEOUT_S}
+        if profile:
+            kwargs["profile"] = profile
+        cluster = ipp.Cluster(**kwargs)
+        try:
+            client = cluster.start_and_connect_sync()
+        except Exception as exc:
+            _stop_quietly(cluster)
+            raise ClusterError(f"could not start {n} {engines} engine(s): {exc}") from None
+        return cls(client, cluster)
+
+    @classmethod
+    def connect(cls, profile: str | None = None, cluster_id: str | None = None,
+                file: str | None = None, timeout: float = 10) -> "ClusterHandle":
+        """Connect to a running cluster by profile, cluster id or connection file."""
+        import ipyparallel as ipp
+
+        kwargs: dict = {"timeout": timeout}
+        if file:
+            kwargs["url_file"] = file
+        if profile:
+            kwargs["profile"] = profile
+        if cluster_id:
+            kwargs["cluster_id"] = cluster_id
+        try:
+            client = ipp.Client(**kwargs)
+        except (OSError, TimeoutError, ValueError) as exc:
+            where = file or f"profile {profile or 'default'}" + (f", cluster id {cluster_id}" if cluster_id else "")
+            raise ClusterError(
+                f"could not connect to the cluster ({where}): {exc}. Is it running? "
+                "Start one with `ipcluster start -n 4` or use %dist start."
+            ) from None
+        return cls(client, None)
+
+    @property
+    def owned(self) -> bool:
+        return self.cluster is not None
+
+    def stop(self) -> None:
+        """Stop the cluster if nbdist started it, else just disconnect. Idempotent."""
+        client, cluster, self.client, self.cluster = self.client, self.cluster, None, None
+        if client is not None:
+            client.close()
+        if cluster is not None:
+            _stop_quietly(cluster)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # -- engines -------------------------------------------------------------------------
+    def ids(self) -> list[int]:
+        """Engine ids the hub considers alive."""
+        self._require_client()
+        return sorted(self.client.ids)
+
+    def busy(self) -> set[int]:
+        ids = self.ids()
+        if not ids:
+            return set()
+        status = self.client.queue_status(targets=ids)
+        return {eid for eid in ids if status.get(eid, {}).get("queue", 0) or status.get(eid, {}).get("tasks", 0)}
+
+    def info(self, eid: int) -> EngineInfo:
+        return self._info.get(eid) or EngineInfo(eid)
+
+    def refresh(self, ids: list[int] | None = None) -> None:
+        """Probe idle engines not yet known (imports TensorFlow there, warming them up)."""
+        busy = self.busy()
+        todo = [e for e in (ids if ids is not None else self.ids()) if e not in self._info and e not in busy]
+        if not todo:
+            return
+        results = {eid: self.client[eid].apply_async(engine.probe) for eid in todo}
+        for eid, ar in results.items():
+            try:
+                self._info[eid] = EngineInfo(eid, **ar.get(timeout=PROBE_TIMEOUT_S))
+            except Exception as exc:  # a broken engine still gets a row, marked by its error
+                self._info[eid] = EngineInfo(eid, host=f"? ({type(exc).__name__})")
+
+    def inventory(self) -> list[tuple[EngineInfo, str]]:
+        """(info, state) for every engine seen: idle, busy or dead."""
+        self.refresh()
+        alive = set(self.ids())
+        busy = self.busy()
+        rows = []
+        for eid in sorted(alive | set(self._info)):
+            state = "dead" if not self.is_alive(eid, alive) else ("busy" if eid in busy else "idle")
+            rows.append((self.info(eid), state))
+        return rows
+
+    def is_alive(self, eid: int, alive: set[int] | None = None) -> bool:
+        """Registered with the hub and, for an engine on this machine, its process still running."""
+        if eid not in (alive if alive is not None else set(self.ids())):
+            return False
+        info = self._info.get(eid)
+        if info is None or info.pid is None or info.boot_id is None or info.boot_id != self._local_boot_id:
+            return True
+        return _process_running(info.pid)
+
+    def signal(self, ids: list[int], sig: int = signal.SIGINT) -> None:
+        """Send `sig` to the engines' processes (SIGINT raises KeyboardInterrupt in running code)."""
+        live = [e for e in ids if e in set(self.ids())]
+        if live:
+            self.client.send_signal(sig, targets=live, block=False)
+
+    def _require_client(self):
+        if self.client is None:
+            raise ClusterError("the cluster was stopped; use %dist start or %dist connect")
+
+
+def _process_running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _stop_quietly(cluster) -> None:
+    try:
+        cluster.stop_cluster_sync()
+    except Exception as exc:  # stopping must not hide the error that led here
+        logging.getLogger("nbdist").warning("stopping the cluster: %s", exc)
+
+
+def local_hostname() -> str:
+    return socket.gethostname()

@@ -1,0 +1,122 @@
+"""Code that runs inside an ipyparallel engine: probing, definition replay, the training cell."""
+
+from __future__ import annotations
+
+import linecache
+import os
+import socket
+import time
+
+DEFINITIONS_VAR = "__nbdist_definitions__"  # {key: digest} of definition cells run on this engine
+
+
+def _shell():
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        raise RuntimeError("nbdist engine code must run inside an ipyparallel engine")
+    return shell
+
+
+def _run_source(source: str, filename: str) -> None:
+    """Execute cell text (IPython syntax allowed) in the engine's namespace, with a readable traceback."""
+    shell = _shell()
+    python = shell.transform_cell(source)
+    linecache.cache[filename] = (len(python), None, python.splitlines(True), filename)
+    exec(compile(python, filename, "exec"), shell.user_ns)
+
+
+def probe() -> dict:
+    """What `%dist status` shows for this engine; importing TensorFlow here also warms the engine up."""
+    from importlib import metadata
+
+    def version(package):
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return None
+
+    gpus: list[str] = []
+    try:
+        import tensorflow as tf
+
+        gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
+    except ImportError:
+        pass
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "boot_id": _boot_id(),
+        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "gpus": gpus,
+        "tensorflow": version("tensorflow") or version("tensorflow-cpu"),
+        "keras": version("keras"),
+        "horovod": version("horovod"),
+        "nbdist": version("nbdist"),
+    }
+
+
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def definition_digests() -> dict:
+    """The {key: digest} of the definition cells this engine has run."""
+    return dict(_shell().user_ns.get(DEFINITIONS_VAR, {}))
+
+
+def run_definition(key: str, digest: str, source: str, index: int) -> None:
+    """Run one recorded definition cell and remember its digest."""
+    _run_source(source, f"<nbdist definition cell {index}>")
+    _shell().user_ns.setdefault(DEFINITIONS_VAR, {})[key] = digest
+
+
+def run_training_cell(spec: dict) -> list:
+    """Run the training cell with `fit` replaced by the strategy's worker; return one result per fit.
+
+    Returns:
+        a list of `FitResult` (one per `fit` call the cell made, in order).
+    """
+    from ipyparallel.datapub import publish_data
+
+    from .errors import NoFitCall
+    from .keras_bridge import FitResult, intercept_fit
+    from .strategies import REGISTRY
+    from .telemetry import keras_reporter
+
+    started = time.time()
+    reporters = []
+
+    def make_reporter(batch_size):
+        reporter = keras_reporter(spec["run"], spec["rank"], batch_size, publish=publish_data)
+        reporters.append(reporter)
+        return reporter
+
+    worker = REGISTRY[spec["strategy"]].worker_class(spec, make_reporter)
+    results: list[FitResult] = []
+
+    def handler(request):
+        history = worker.fit(request)
+        reporter = reporters[-1] if reporters else None
+        timings = {"cell_start": spec.get("cell_start"), "engine_start": started,
+                   "first_step": getattr(reporter, "first_step_t", None), "fit_end": time.time()}
+        results.append(FitResult.collect(request.model, history, getattr(reporter, "records", ()), timings))
+        return history
+
+    if spec.get("seed") is not None:
+        import keras
+
+        keras.utils.set_random_seed(spec["seed"])
+    with intercept_fit(handler):
+        _run_source(spec["cell"], f"<nbdist training cell, run {spec['run']}>")
+    if not results:
+        raise NoFitCall(
+            "the training cell finished without calling model.fit(...). Put the fit call in the "
+            "%%distribute cell (it may be inside a function from a definition cell), or run the cell without %%distribute."
+        )
+    return results

@@ -1,0 +1,48 @@
+"""Errors nbdist raises; each renders in a notebook as the message alone, not an nbdist traceback."""
+
+from __future__ import annotations
+
+
+class NbdistError(Exception):
+    """Base class: a problem the user can act on, shown as one line."""
+
+    def _render_traceback_(self):  # IPython shows this instead of a Python traceback
+        return [f"{type(self).__name__}: {self}"]
+
+
+class OptionError(NbdistError):
+    """A magic option or fit argument that nbdist refuses."""
+
+
+class ClusterError(NbdistError):
+    """No cluster, too few engines, or a cluster that cannot be reached."""
+
+
+class NoFitCall(NbdistError):
+    """The training cell ran on the engines without calling `fit`."""
+
+
+class RunInterrupted(NbdistError):
+    """The user interrupted a run; every engine was stopped."""
+
+
+class EngineFailure(NbdistError):
+    """Code failed on an engine: names the engine and carries the remote traceback."""
+
+    def __init__(self, message: str, remote_traceback: str = ""):
+        super().__init__(message)
+        self.remote_traceback = remote_traceback
+
+    def _render_traceback_(self):
+        lines = [f"{type(self).__name__}: {self}"]
+        if self.remote_traceback:
+            lines += ["", "Remote traceback:", *self.remote_traceback.rstrip().splitlines()]
+        return lines
+
+
+class DefinitionFailed(EngineFailure):
+    """A recorded `%%distribute define` cell failed on an engine."""
+
+
+class EngineDied(EngineFailure):
+    """An engine process died (or stopped answering) during a run."""

@@ -1,0 +1,188 @@
+"""Where nbdist meets Keras: `fit` interception, argument checks, results and weight install."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import OptionError
+
+# The fit arguments of DESIGN.md section 4; every other one is refused by name.
+SUPPORTED_FIT_ARGS = (
+    "x", "y", "batch_size", "epochs", "verbose", "callbacks", "validation_split",
+    "validation_data", "shuffle", "steps_per_epoch",
+)
+
+
+@dataclass
+class FitRequest:
+    """One `model.fit(...)` call made by the training cell, with its arguments bound by name."""
+
+    model: Any
+    args: dict
+    original_fit: Callable
+
+    def __getattr__(self, name):  # request.epochs, request.batch_size, ...
+        try:
+            return self.__dict__["args"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def samples_per_step(self) -> int | None:
+        """The global batch size of one step, when it can be known before training."""
+        if _is_dataset(self.args["x"]):
+            spec = self.args["x"].element_spec
+            first = spec[0] if isinstance(spec, (tuple, list)) else spec
+            dims = getattr(first, "shape", None)
+            return int(dims[0]) if dims is not None and len(dims) and dims[0] is not None else None
+        return int(self.args["batch_size"] or 32)
+
+    def run_plain(self, **overrides):
+        """Call Keras' own `fit` with the cell's arguments, some replaced."""
+        return self.original_fit(self.model, **{**self.args, **overrides})
+
+
+@dataclass
+class FitResult:
+    """What a worker sends back for one `fit` call: weights, optimizer state, History, metrics."""
+
+    weights: list
+    optimizer_weights: list
+    history: dict
+    params: dict
+    epoch: list
+    records: list = field(default_factory=list)
+    timings: dict = field(default_factory=dict)
+
+    @classmethod
+    def collect(cls, model, history, records=(), timings=None) -> "FitResult":
+        optimizer = getattr(model, "optimizer", None)
+        return cls(
+            weights=[np.asarray(w) for w in model.get_weights()],
+            optimizer_weights=[np.asarray(v) for v in optimizer.variables] if optimizer is not None else [],
+            history={k: [float(v) for v in vals] for k, vals in history.history.items()},
+            params=dict(history.params or {}),
+            epoch=list(history.epoch),
+            records=list(records),
+            timings=dict(timings or {}),
+        )
+
+
+def bind_fit_arguments(original_fit: Callable, model, args: tuple, kwargs: dict) -> FitRequest:
+    """Bind a `fit` call's arguments by name; refuse those nbdist does not support.
+
+    An unsupported argument left at its Keras default is accepted: only a value the
+    user actually chose would be silently ignored, and that is what gets refused.
+    """
+    signature = inspect.signature(original_fit)
+    try:
+        bound = signature.bind(model, *args, **kwargs)
+    except TypeError as exc:
+        raise OptionError(f"model.fit(...) was called with arguments Keras does not accept: {exc}") from None
+    bound.apply_defaults()
+    values = dict(bound.arguments)
+    values.pop(next(iter(signature.parameters)))  # self
+    for name, value in values.items():
+        if name in SUPPORTED_FIT_ARGS:
+            continue
+        if _differs(value, signature.parameters[name].default):
+            raise OptionError(
+                f"nbdist does not support `{name}` in a distributed fit. Received: {name}={_short(value)}. "
+                f"Remove it, or run this cell without %%distribute. Supported: {', '.join(SUPPORTED_FIT_ARGS)}."
+            )
+    return FitRequest(model=model, args={k: values[k] for k in SUPPORTED_FIT_ARGS}, original_fit=original_fit)
+
+
+@contextlib.contextmanager
+def intercept_fit(handler: Callable[[FitRequest], Any]):
+    """Within the block, `keras.Model.fit(...)` calls `handler(FitRequest)` and returns its result."""
+    import keras
+
+    original = keras.Model.fit
+
+    def fit(self, *args, **kwargs):
+        return handler(bind_fit_arguments(original, self, args, kwargs))
+
+    fit.__doc__ = original.__doc__
+    keras.Model.fit = fit
+    try:
+        yield
+    finally:
+        keras.Model.fit = original
+
+
+def install_result(model, result: FitResult, sample_input=None):
+    """Give `model` the trained weights and optimizer state; return the run's History."""
+    import keras
+
+    if not model.built:
+        _build(model, sample_input)
+    expected = [tuple(w.shape) for w in model.get_weights()]
+    received = [tuple(w.shape) for w in result.weights]
+    if expected != received:
+        raise OptionError(
+            "The model built in this notebook does not match the one trained on the engines "
+            f"(weight shapes here {expected[:4]}..., trained {received[:4]}...). "
+            "Make sure the definition cells are the same here and on the engines (re-run them)."
+        )
+    model.set_weights(result.weights)
+    _install_optimizer_state(model, result.optimizer_weights)
+    history = keras.callbacks.History()
+    history.set_model(model)
+    history.history = {k: list(v) for k, v in result.history.items()}
+    history.params = dict(result.params)
+    history.epoch = list(result.epoch)
+    model.history = history
+    return history
+
+
+def _install_optimizer_state(model, values):
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or not values:
+        return
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    variables = optimizer.variables
+    if [tuple(v.shape) for v in variables] != [tuple(np.shape(x)) for x in values]:
+        return  # a different optimizer layout: the weights alone are still right
+    for variable, value in zip(variables, values):
+        variable.assign(value)
+
+
+def _build(model, sample_input):
+    """Build a subclassed model by calling it once on one example of the training input."""
+    if sample_input is None:
+        raise OptionError("The model has no weights yet and the training input is unknown; build it before fit.")
+    if _is_dataset(sample_input):
+        batch = next(iter(sample_input.take(1)))
+        sample_input = batch[0] if isinstance(batch, (tuple, list)) else batch
+    elif isinstance(sample_input, dict):
+        sample_input = {k: v[:1] for k, v in sample_input.items()}
+    elif isinstance(sample_input, (list, tuple)):
+        sample_input = [v[:1] for v in sample_input]
+    else:
+        sample_input = sample_input[:1]
+    model(sample_input)
+
+
+def _is_dataset(value) -> bool:
+    return hasattr(value, "element_spec") and hasattr(value, "take")
+
+
+def _differs(value, default) -> bool:
+    if value is default:
+        return False
+    try:
+        return bool(value != default)
+    except Exception:  # arrays and the like: anything given is a choice
+        return True
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

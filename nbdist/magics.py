@@ -1,0 +1,126 @@
+"""`%dist` and `%%distribute`: parsing and dispatch only; the work happens in Session."""
+
+from __future__ import annotations
+
+from IPython.core import magic_arguments
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+
+from . import report
+from .progress import TextProgress
+from .strategies import COMMON_OPTIONS, STRATEGY_OPTIONS, strategy_names
+
+DIST_ACTIONS = ("start", "connect", "stop", "status", "runs")
+
+
+def _with_strategy_options(func):
+    """Declare every strategy option on the magic, so `%%distribute?` lists them all."""
+    for option in reversed((*COMMON_OPTIONS, *STRATEGY_OPTIONS.values())):
+        kwargs = dict(option.kwargs)
+        if option.flags == ("--strategy",):
+            kwargs["choices"] = strategy_names()
+        func = magic_arguments.argument(*option.flags, help=option.help, **kwargs)(func)
+    return func
+
+
+@magics_class
+class NbdistMagics(Magics):
+    """The nbdist magics of one IPython shell, bound to one Session."""
+
+    def __init__(self, shell, session):
+        super().__init__(shell)
+        self.session = session
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument("action", choices=DIST_ACTIONS, help="what to do: " + ", ".join(DIST_ACTIONS))
+    @magic_arguments.argument("-n", type=int, default=None, metavar="N", help="start: number of engines (default 2)")
+    @magic_arguments.argument("--engines", default="local", metavar="LAUNCHER",
+                              help="start: ipyparallel engine launcher: local, mpi, ssh, slurm, pbs, ...")
+    @magic_arguments.argument("--profile", default=None, help="start/connect: ipyparallel profile")
+    @magic_arguments.argument("--cluster-id", default=None, help="connect: cluster id within the profile")
+    @magic_arguments.argument("--file", default=None, help="connect: path of an ipcontroller-client.json")
+    @line_magic
+    def dist(self, line):
+        """Start, connect to, inspect or stop the cluster nbdist trains on.
+
+        Examples::
+
+            %dist start -n 4                 # 4 local engines through ipyparallel.Cluster
+            %dist start -n 8 --engines mpi   # any ipyparallel launcher
+            %dist connect --profile mycluster
+            %dist status                     # one row per engine
+            %dist runs                       # the runs of this kernel
+            %dist stop
+        """
+        args = magic_arguments.parse_argstring(self.dist, line)
+        _refuse_unused(args, args.action)
+        session = self.session
+        if args.action == "start":
+            n = 2 if args.n is None else args.n
+            if n < 1:
+                raise UsageError(f"%dist start -n takes a positive number of engines. Received: -n {n}")
+            session.start(n, args.engines, args.profile)
+            print(report.engine_table(session.cluster.inventory()))
+        elif args.action == "connect":
+            if not (args.profile or args.cluster_id or args.file):
+                args.profile = "default"
+            session.connect(profile=args.profile, cluster_id=args.cluster_id, file=args.file)
+            print(report.engine_table(session.cluster.inventory()))
+        elif args.action == "stop":
+            print(f"nbdist: {session.stop()}")
+        elif args.action == "status":
+            print(report.engine_table(session.require_cluster().inventory()))
+        elif args.action == "runs":
+            print(report.run_table(session.runs))
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument("mode", nargs="?", choices=["define"],
+                              help="`define`: run this cell here and replay it on every engine before training")
+    @magic_arguments.argument("--name", default=None,
+                              help="define: a name for the definition cell (default: the notebook cell's id)")
+    @_with_strategy_options
+    @cell_magic
+    def distribute(self, line, cell):
+        """Train this cell's `model.fit(...)` on the cluster, or record a definition cell.
+
+        Examples::
+
+            %%distribute define
+            import keras
+            def build(): ...
+
+            %%distribute --strategy local --seed 1
+            model = build()
+            model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+            history = model.fit(x, y, epochs=1)
+        """
+        args = magic_arguments.parse_argstring(self.distribute, line)
+        if args.mode == "define":
+            return self._define(args, cell)
+        if args.name is not None:
+            raise UsageError("--name applies to `%%distribute define` cells only")
+        options = {k: v for k, v in vars(args).items() if k not in ("mode", "name")}
+        self.session.distribute(cell, options, on_progress=TextProgress)
+
+    def _define(self, args, cell):
+        given = [o.flags[-1] for o in (*COMMON_OPTIONS, *STRATEGY_OPTIONS.values())
+                 if getattr(args, o.dest) not in (None, o.default)]
+        if given:
+            raise UsageError(f"{', '.join(given)} applies to training cells, not to `%%distribute define`")
+        cell_id = self.session.current_cell_id  # read before the nested run_cell resets it
+        outcome = self.shell.run_cell(cell, store_history=False)
+        if not outcome.success:
+            raise UsageError("the definition cell failed here (see above), so it was not recorded")
+        self.session.record_definition(cell, name=args.name or cell_id)
+
+
+_DIST_ARGS_BY_ACTION = {"start": {"n", "engines", "profile"}, "connect": {"profile", "cluster_id", "file"}}
+_DIST_DEFAULTS = {"n": None, "engines": "local", "profile": None, "cluster_id": None, "file": None}
+
+
+def _refuse_unused(args, action):
+    used = _DIST_ARGS_BY_ACTION.get(action, set())
+    extra = [k for k, default in _DIST_DEFAULTS.items() if k not in used and getattr(args, k) != default]
+    if extra:
+        flags = ", ".join(("-n" if k == "n" else "--" + k.replace("_", "-")) for k in extra)
+        raise UsageError(f"{flags} does not apply to %dist {action}; see %dist?")

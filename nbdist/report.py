@@ -1,0 +1,38 @@
+"""Plain-text tables for `%dist status` and `%dist runs`."""
+
+from __future__ import annotations
+
+import time
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    """Left-aligned columns separated by two spaces."""
+    cells = [[str(c) for c in header]] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def engine_table(rows) -> str:
+    """One row per engine: id, host, pid, CPUs, GPUs, TF/Keras/Horovod versions, state."""
+    if not rows:
+        return "no engines (start some with %dist start -n 2)"
+    return table(
+        ["id", "host", "pid", "cpus", "gpus", "tensorflow", "keras", "horovod", "state"],
+        [[i.id, i.host, i.pid, i.cpus, len(i.gpus) if i.gpus is not None else "?", i.tensorflow or "-",
+          i.keras or "-", i.horovod or "-", state] for i, state in rows],
+    )
+
+
+def run_table(runs) -> str:
+    if not runs:
+        return "no runs yet"
+    rows = []
+    for run in runs:
+        final = {k: v[-1] for k, v in run.history.items() if v}
+        summary = ", ".join(f"{k} {v:.4f}" for k, v in list(final.items())[:3]) or (run.error or "")[:60]
+        started = time.strftime("%H:%M:%S", time.localtime(run.started_at)) if run.started_at else "-"
+        duration = f"{run.duration_s:.1f}" if run.duration_s is not None else "-"
+        rows.append([run.id, run.strategy, ",".join(map(str, run.workers)), run.status, started, duration, summary])
+    return table(["run", "strategy", "engines", "status", "started", "seconds", "result"], rows)

@@ -1,0 +1,171 @@
+"""A Run: one `%%distribute` training cell on the engines, from submission to results or failure."""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import time
+from dataclasses import dataclass, field
+
+from . import engine, errors
+from .cluster import ClusterHandle
+from .keras_bridge import FitResult
+
+POLL_S = 0.25
+STOP_TIMEOUT_S = 20  # engines get this long to stop after an interrupt before we give up waiting
+_run_ids = itertools.count(1)
+
+
+@dataclass
+class Run:
+    """One distributed training run and everything it produced.
+
+    Attributes:
+        id: run number in this kernel (1, 2, ...).
+        strategy: the strategy's name; `options` holds every `%%distribute` option.
+        workers: engine ids, in rank order.
+        status: pending, running, done, failed or interrupted.
+        results: per-worker list of `FitResult`, one per `fit` call of the cell.
+        error: the message of a failed or interrupted run.
+        logs: engine id -> captured stdout and stderr.
+    """
+
+    strategy: str
+    options: dict
+    workers: list[int]
+    cell: str
+    id: int = field(default_factory=lambda: next(_run_ids))
+    status: str = "pending"
+    started_at: float | None = None
+    ended_at: float | None = None
+    results: dict[int, list[FitResult]] = field(default_factory=dict)
+    error: str | None = None
+    logs: dict[int, str] = field(default_factory=dict)
+    progress: dict[int, dict] = field(default_factory=dict)
+
+    @property
+    def fits(self) -> list[FitResult]:
+        """The results of rank 0, one per `fit` call: what the notebook's model receives."""
+        return self.results.get(self.workers[0], []) if self.workers else []
+
+    @property
+    def history(self) -> dict:
+        return self.fits[-1].history if self.fits else {}
+
+    @property
+    def weights(self) -> list:
+        return self.fits[-1].weights if self.fits else []
+
+    @property
+    def metrics(self) -> list[dict]:
+        """Every worker's metric records (DESIGN.md section 8), all fits, in time order."""
+        records = [r for fits in self.results.values() for fit in fits for r in fit.records]
+        return sorted(records, key=lambda r: r["t"])
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.started_at is None:
+            return None
+        return (self.ended_at or time.time()) - self.started_at
+
+    def __repr__(self):
+        return f"<Run {self.id} {self.strategy} on engines {self.workers}: {self.status}>"
+
+
+def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None) -> Run:
+    """Run the training cell on the run's workers and wait for it, bounded and interruptible.
+
+    Raises:
+        EngineFailure: user code failed on an engine (names it, carries the traceback).
+        EngineDied: an engine died; the other workers were stopped.
+        RunInterrupted: the user interrupted the kernel; every worker was stopped.
+    """
+    run.status, run.started_at = "running", time.time()
+    pending: dict = {}
+    try:
+        config = strategy.prepare(run)
+        pending = _submit(run, cluster, config)
+        _wait(run, cluster, pending, on_progress)
+        run.status = "done"
+    except KeyboardInterrupt:
+        run.status, run.error = "interrupted", f"interrupted; {_stop_workers(cluster, pending)}"
+        raise errors.RunInterrupted(f"run {run.id} {run.error}; the cluster is ready for the next cell") from None
+    except errors.NbdistError as exc:
+        _stop_workers(cluster, pending)
+        run.status, run.error = "failed", str(exc)
+        raise
+    finally:
+        run.ended_at = time.time()
+        strategy.finish(run)
+    return run
+
+
+def _submit(run: Run, cluster: ClusterHandle, config: dict) -> dict:
+    base = {"run": run.id, "strategy": run.strategy, "options": run.options, "size": len(run.workers),
+            "seed": run.options.get("seed"), "cell": run.cell, "cell_start": run.started_at, "config": config}
+    return {eid: cluster.client[eid].apply_async(engine.run_training_cell, {**base, "rank": rank})
+            for rank, eid in enumerate(run.workers)}
+
+
+def _wait(run: Run, cluster: ClusterHandle, pending: dict, on_progress) -> None:
+    waiting = dict(pending)
+    while waiting:
+        next(iter(waiting.values())).wait(POLL_S)
+        alive = set(cluster.ids())
+        for eid, ar in list(waiting.items()):
+            if ar.data:
+                run.progress[eid] = dict(ar.data)
+            if ar.ready():
+                del waiting[eid]
+                run.logs[eid] = _logs(ar)
+                run.results[eid] = _result(run, cluster, eid, ar)
+            elif not cluster.is_alive(eid, alive):
+                raise errors.EngineDied(
+                    f"{cluster.info(eid).label()} died during run {run.id} "
+                    f"after {time.time() - run.started_at:.1f} s; the run was stopped on the other engines."
+                )
+        if on_progress is not None:
+            on_progress(run)
+
+
+def _result(run: Run, cluster: ClusterHandle, eid: int, ar) -> list[FitResult]:
+    import ipyparallel as ipp
+
+    try:
+        return ar.get(0)
+    except ipp.error.RemoteError as exc:
+        raise _engine_error(cluster, eid, exc) from None
+    except ipp.error.EngineError:
+        raise errors.EngineDied(f"{cluster.info(eid).label()} died during run {run.id}.") from None
+
+
+def _engine_error(cluster: ClusterHandle, eid: int, exc) -> errors.NbdistError:
+    """Our own errors raised on an engine come back as themselves; user errors name the engine."""
+    ours = getattr(errors, exc.ename, None)
+    where = cluster.info(eid).label()
+    if isinstance(ours, type) and issubclass(ours, errors.NbdistError) and not issubclass(ours, errors.EngineFailure):
+        return ours(f"{exc.evalue} [{where}]")
+    return errors.EngineFailure(f"{exc.ename}: {exc.evalue} [on {where}]", exc.traceback or "")
+
+
+def _stop_workers(cluster: ClusterHandle, pending: dict) -> str:
+    """Interrupt every live worker still running and wait, bounded, until each has stopped."""
+    alive = set(cluster.ids())
+    running = [eid for eid, ar in pending.items() if not ar.ready() and cluster.is_alive(eid, alive)]
+    if not running:
+        return "no engine was still running"
+    cluster.signal(running, signal.SIGINT)
+    deadline = time.time() + STOP_TIMEOUT_S
+    for eid in running:
+        try:
+            pending[eid].wait(max(0.0, deadline - time.time()))
+        except Exception:  # the interrupt surfaces as an error on the engine: expected
+            pass
+    still = [eid for eid in running if not pending[eid].ready()]
+    if still:
+        return f"engines {still} did not stop within {STOP_TIMEOUT_S} s (see %dist status)"
+    return f"stopped on engine(s) {running}"
+
+
+def _logs(ar) -> str:
+    return "".join(part for part in (ar.stdout, ar.stderr) if isinstance(part, str))

@@ -1,0 +1,155 @@
+"""A Session: the cluster handle, the recorded definition cells and the runs of one kernel."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from . import engine, run as runs
+from .cluster import ClusterHandle
+from .errors import ClusterError, DefinitionFailed, NbdistError, OptionError
+from .keras_bridge import install_result, intercept_fit
+from .strategies import make_strategy
+
+DEFINITION_TIMEOUT_S = 300
+
+
+@dataclass
+class Definition:
+    key: str
+    source: str
+    index: int
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()[:16]
+
+
+class Session:
+    """Everything nbdist knows in one kernel; the magics only parse and call into this."""
+
+    def __init__(self, shell=None):
+        self.shell = shell
+        self.cluster: ClusterHandle | None = None
+        self.definitions: dict[str, Definition] = {}
+        self.runs: list[runs.Run] = []
+        self.current_cell_id: str | None = None  # set by a pre_run_cell hook in a notebook
+
+    @property
+    def last_run(self) -> runs.Run | None:
+        return self.runs[-1] if self.runs else None
+
+    # -- cluster -------------------------------------------------------------------------
+    def start(self, n: int, engines: str = "local", profile: str | None = None) -> ClusterHandle:
+        self.stop()
+        self.cluster = ClusterHandle.start(n, engines, profile)
+        self.cluster.refresh()
+        return self.cluster
+
+    def connect(self, **where) -> ClusterHandle:
+        self.stop()
+        self.cluster = ClusterHandle.connect(**where)
+        self.cluster.refresh()
+        return self.cluster
+
+    def stop(self) -> str:
+        """Stop the cluster if nbdist started it, else disconnect; says which."""
+        if self.cluster is None:
+            return "no cluster to stop"
+        cluster, self.cluster = self.cluster, None
+        owned = cluster.owned
+        cluster.stop()
+        return "cluster stopped" if owned else "disconnected (the cluster was started outside nbdist and keeps running)"
+
+    def require_cluster(self) -> ClusterHandle:
+        if self.cluster is None or self.cluster.client is None:
+            raise ClusterError("no cluster yet: run %dist start -n 2 (local engines) or %dist connect --profile NAME")
+        return self.cluster
+
+    # -- definition cells ----------------------------------------------------------------
+    def record_definition(self, source: str, name: str | None = None) -> Definition:
+        """Remember a definition cell; one seen before (same name or cell id, else same text) is replaced in place."""
+        key = name or "text:" + hashlib.sha256(source.encode()).hexdigest()[:16]
+        old = self.definitions.get(key)
+        definition = Definition(key, source, old.index if old else len(self.definitions) + 1)
+        self.definitions[key] = definition
+        return definition
+
+    def sync_definitions(self, engine_ids: list[int]) -> None:
+        """Replay, in order, every definition an engine lacks or has in an older text."""
+        if not self.definitions:
+            return
+        cluster = self.require_cluster()
+        have = {eid: cluster.client[eid].apply_async(engine.definition_digests) for eid in engine_ids}
+        have = {eid: ar.get(timeout=DEFINITION_TIMEOUT_S) for eid, ar in have.items()}
+        for definition in sorted(self.definitions.values(), key=lambda d: d.index):
+            targets = [eid for eid in engine_ids if have[eid].get(definition.key) != definition.digest]
+            calls = {eid: cluster.client[eid].apply_async(
+                engine.run_definition, definition.key, definition.digest, definition.source, definition.index)
+                for eid in targets}
+            for eid, ar in calls.items():
+                self._raise_definition_error(cluster, eid, ar, definition)
+
+    @staticmethod
+    def _raise_definition_error(cluster, eid, ar, definition):
+        import ipyparallel as ipp
+
+        try:
+            ar.get(timeout=DEFINITION_TIMEOUT_S)
+        except ipp.error.RemoteError as exc:
+            raise DefinitionFailed(
+                f"definition cell {definition.index} failed on {cluster.info(eid).label()}: "
+                f"{exc.ename}: {exc.evalue}. Fix it there (for a missing package, install it on that host) "
+                "and re-run the training cell.", exc.traceback or "") from None
+        except TimeoutError:
+            raise DefinitionFailed(
+                f"definition cell {definition.index} did not finish within {DEFINITION_TIMEOUT_S} s on "
+                f"{cluster.info(eid).label()}.") from None
+
+    # -- training cells ------------------------------------------------------------------
+    def distribute(self, cell: str, options: dict, on_progress=None) -> runs.Run:
+        """Train the cell on the engines, then run it here with `fit` installing the results."""
+        if not cell.strip():
+            raise OptionError("%%distribute needs a training cell below the magic line, with a model.fit(...) call.")
+        strategy = make_strategy(options)
+        cluster = self.require_cluster()
+        available = sorted(set(cluster.ids()) - cluster.busy())
+        workers = strategy.choose_workers(available, options.get("workers"), _parse_targets(options.get("targets")))
+        cluster.refresh(workers)
+        self.sync_definitions(workers)
+        run = runs.Run(strategy=strategy.name, options=dict(options), workers=workers, cell=cell)
+        self.runs.append(run)
+        progress = on_progress(run) if on_progress else None
+        try:
+            runs.execute(run, cluster, strategy, on_progress=progress)
+        finally:
+            if progress is not None:
+                progress.close()
+        self.replay_locally(run)
+        return run
+
+    def replay_locally(self, run: runs.Run) -> None:
+        """Run the training cell in the notebook with each `fit` returning the run's result."""
+        results = iter(run.fits)
+
+        def install(request):
+            result = next(results, None)
+            if result is None:
+                raise OptionError("this cell called fit more times here than it did on the engines; "
+                                  "make the number of fit calls deterministic.")
+            return install_result(request.model, result, request.x)
+
+        with intercept_fit(install):
+            outcome = self.shell.run_cell(run.cell, store_history=False)
+        if not outcome.success:
+            raise NbdistError(f"run {run.id} trained on the engines, but the cell failed here (see above); "
+                              f"its results are in nbdist.last_run.")
+
+
+def _parse_targets(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(part) for part in str(text).replace(" ", "").split(",") if part]
+    except ValueError:
+        raise OptionError(f"--targets takes engine ids separated by commas, like 0,2. Received: --targets {text}")

@@ -1,0 +1,110 @@
+"""The Strategy contract: a controller half (in the notebook kernel) and a worker half (on engines)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..errors import ClusterError, OptionError
+
+
+@dataclass(frozen=True)
+class Option:
+    """A `%%distribute` option that one or more strategies read.
+
+    `flags`, `help` and the argparse keywords become the magic's own help text; a value
+    given to a strategy that does not read the option is refused by name.
+    """
+
+    flags: tuple
+    help: str
+    kwargs: tuple = ()  # argparse keywords as (name, value) pairs, hashable
+
+    @property
+    def dest(self) -> str:
+        return self.flags[-1].lstrip("-").replace("-", "_")
+
+    @property
+    def default(self):
+        return dict(self.kwargs).get("default")
+
+
+class Worker:
+    """The worker half: runs on an engine and trains one `fit` call of the training cell.
+
+    Args:
+        spec: the run's JSON-able description (strategy, options, rank, size, config
+            from `Strategy.prepare`).
+        reporter_factory: makes the metrics callback for this worker given a batch size.
+    """
+
+    def __init__(self, spec: dict, reporter_factory):
+        self.spec = spec
+        self.rank: int = spec["rank"]
+        self.size: int = spec["size"]
+        self.options: dict = spec["options"]
+        self.config: dict = spec.get("config", {})
+        self.make_reporter = reporter_factory
+
+    def fit(self, request):
+        """Train `request.model` as the strategy says; return the Keras `History`."""
+        raise NotImplementedError
+
+
+class Strategy:
+    """The controller half: picks engines, prepares services, cleans up.
+
+    Subclasses set `name`, `summary`, `options` (names of the options they read, see
+    `strategies.OPTIONS`), and `worker_class`, and override the hooks they need.
+    """
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    options: ClassVar[tuple[str, ...]] = ()
+    worker_class: ClassVar[type[Worker]] = Worker
+    min_workers: ClassVar[int] = 1
+    max_workers: ClassVar[int | None] = None
+    default_workers: ClassVar[int | None] = None  # None: every available engine
+
+    def __init__(self, options: dict):
+        self.options = options
+
+    def choose_workers(self, available: list[int], workers: int | None, targets: list[int] | None) -> list[int]:
+        """The engine ids this run trains on, from the idle engines `available` (sorted)."""
+        if targets:
+            chosen = list(dict.fromkeys(targets))
+            missing = [t for t in chosen if t not in available]
+            if missing:
+                raise ClusterError(
+                    f"--targets names engine(s) {missing} that are not idle and alive; "
+                    f"idle engines: {available or 'none'} (see %dist status)."
+                )
+        else:
+            count = workers if workers is not None else (self.default_workers or len(available))
+            if count > len(available):
+                raise ClusterError(
+                    f"--workers {count} needs {count} idle engines but {len(available)} are idle "
+                    f"({available or 'none'}); start more with %dist start -n {count}, or see %dist status."
+                )
+            chosen = available[:count]
+        if len(chosen) < self.min_workers or (self.max_workers and len(chosen) > self.max_workers):
+            most = f"at most {self.max_workers}" if self.max_workers else "any number of"
+            raise OptionError(
+                f"--strategy {self.name} runs on at least {self.min_workers} and {most} engine(s). "
+                f"Received: {len(chosen)} engine(s) {chosen}."
+            )
+        return chosen
+
+    def prepare(self, run) -> dict:
+        """Start what the controller side needs (PS, rendezvous); return config for the workers."""
+        return {}
+
+    def finish(self, run) -> None:
+        """Stop what `prepare` started; called once whatever the run's outcome."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"strategy": self.name, **{k: self.options.get(k) for k in self.options_read()}}
+
+    @classmethod
+    def options_read(cls) -> tuple[str, ...]:
+        return cls.options

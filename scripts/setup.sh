@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian machine: system packages, .venv, nbdist, Horovod.
+# Fast when already done: every step checks before it works.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${NBDIST_VENV:-.venv}
+PY=${NBDIST_PYTHON:-python3}
+CACHE=${NBDIST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nbdist}
+TF_PACKAGE=${NBDIST_TF:-tensorflow-cpu==2.21.0}   # GPU hosts: NBDIST_TF='tensorflow[and-cuda]==2.21.0'
+HOROVOD_VERSION=0.28.1
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+# This machine's pip config names local indexes that may be absent; keep their warnings out of the log.
+pip_quiet() { "$VPY" -m pip "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+  ((${#missing[@]})) || return 0
+  say "apt-get install ${missing[*]}"
+  local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+}
+
+apt_install dataset-fashion-mnist cmake g++ make
+
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+VPY="$VENV/bin/python"
+
+stamp="$VENV/.nbdist-deps"
+want="$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-16) $TF_PACKAGE"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  say "installing nbdist and its dependencies into $VENV"
+  pip_quiet install -q --upgrade pip wheel
+  pip_quiet install -q "$TF_PACKAGE"
+  pip_quiet install -q -e ".[dev]"
+  echo "$want" > "$stamp"
+fi
+
+# Horovod 0.28.1 needs one CMake line removed to build against TF 2.21 (shared/ENVIRONMENT.md).
+hvd_stamp="$VENV/.nbdist-horovod"
+if [ "$(cat "$hvd_stamp" 2>/dev/null)" != "$HOROVOD_VERSION $TF_PACKAGE" ]; then
+  mkdir -p "$CACHE"
+  tfver=$("$VPY" -c "import tensorflow as tf; print(tf.__version__)")
+  wheel_dir="$CACHE/horovod-$HOROVOD_VERSION-tf$tfver-py$("$VPY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')"
+  if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
+    say "building Horovod $HOROVOD_VERSION against TensorFlow $tfver (about 4 minutes, once)"
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    pip_quiet download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work"
+    tar -xzf "$work"/horovod-*.tar.gz -C "$work"
+    src="$work/horovod-$HOROVOD_VERSION"
+    sed -i '/xla_mpi_ops.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
+    "$VPY" -m pip uninstall -y -q cmake >/dev/null 2>&1 || true
+    mkdir -p "$wheel_dir"
+    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j"$(nproc)" \
+    CMAKE_POLICY_VERSION_MINIMUM=3.5 PATH="/usr/bin:$PATH" \
+      pip_quiet wheel -q --no-deps --no-build-isolation "$src" -w "$wheel_dir"
+  fi
+  say "installing cached Horovod wheel from $wheel_dir"
+  pip_quiet install -q --no-deps "$wheel_dir"/horovod-*.whl
+  pip_quiet install -q cloudpickle psutil pyyaml packaging
+  "$VPY" -c "import horovod.tensorflow" >/dev/null 2>&1 || { echo "Horovod does not import; delete $wheel_dir and rerun" >&2; exit 1; }
+  echo "$HOROVOD_VERSION $TF_PACKAGE" > "$hvd_stamp"
+fi
+versions=$("$VPY" -c 'from importlib.metadata import version as v; print(", ".join(p + " " + v(p) for p in ("keras", "horovod", "ipyparallel")))')
+say "ready: $VENV ($versions)"
