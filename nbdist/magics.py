@@ -52,7 +52,7 @@ class NbdistMagics(Magics):
             %dist runs                       # the runs of this kernel
             %dist stop
         """
-        args = magic_arguments.parse_argstring(self.dist, line)
+        args = _parse(self.dist, line)
         _refuse_unused(args, args.action)
         session = self.session
         if args.action == "start":
@@ -94,7 +94,7 @@ class NbdistMagics(Magics):
             model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
             history = model.fit(x, y, epochs=1)
         """
-        args = magic_arguments.parse_argstring(self.distribute, line)
+        args = _parse(self.distribute, line)
         if args.mode == "define":
             return self._define(args, cell)
         if args.name is not None:
@@ -112,6 +112,29 @@ class NbdistMagics(Magics):
         if not outcome.success:
             raise UsageError("the definition cell failed here (see above), so it was not recorded")
         self.session.record_definition(cell, name=args.name or cell_id)
+
+
+def _parse(magic, line):
+    """parse_argstring, but an unknown flag is named (with a suggestion) before anything else."""
+    import difflib
+    import shlex
+
+    known = list(magic.parser._option_string_actions)
+    for token in shlex.split(line):
+        flag = token.split("=", 1)[0]
+        if flag.startswith("-") and not _is_number(flag) and flag not in known:
+            close = difflib.get_close_matches(flag, known, n=1)
+            hint = f" Did you mean {close[0]}?" if close else ""
+            raise UsageError(f"unknown option {flag} for %{magic.__name__}.{hint} See %{magic.__name__}? for all options.")
+    return magic_arguments.parse_argstring(magic, line)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
 
 
 _DIST_ARGS_BY_ACTION = {"start": {"n", "engines", "profile"}, "connect": {"profile", "cluster_id", "file"}}

@@ -143,9 +143,20 @@ def _engine_error(cluster: ClusterHandle, eid: int, exc) -> errors.NbdistError:
     """Our own errors raised on an engine come back as themselves; user errors name the engine."""
     ours = getattr(errors, exc.ename, None)
     where = cluster.info(eid).label()
+    if exc.ename == "EngineError":  # ipyparallel's word for a task stranded by a dead engine
+        return errors.EngineDied(f"{where} died during the run: {exc.evalue}")
     if isinstance(ours, type) and issubclass(ours, errors.NbdistError) and not issubclass(ours, errors.EngineFailure):
         return ours(f"{exc.evalue} [{where}]")
-    return errors.EngineFailure(f"{exc.ename}: {exc.evalue} [on {where}]", exc.traceback or "")
+    return errors.EngineFailure(f"{exc.ename}: {exc.evalue} [on {where}]", user_frames(exc.traceback or ""))
+
+
+def user_frames(traceback: str) -> str:
+    """The part of a remote traceback from the first frame in the user's cell on (nbdist's own frames cut)."""
+    lines = traceback.splitlines()
+    for i, line in enumerate(lines):
+        if "<nbdist " in line and "File" in line:
+            return "\n".join(lines[i:])
+    return traceback
 
 
 def _stop_workers(cluster: ClusterHandle, pending: dict) -> str:

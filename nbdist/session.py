@@ -100,7 +100,7 @@ class Session:
             raise DefinitionFailed(
                 f"definition cell {definition.index} failed on {cluster.info(eid).label()}: "
                 f"{exc.ename}: {exc.evalue}. Fix it there (for a missing package, install it on that host) "
-                "and re-run the training cell.", exc.traceback or "") from None
+                "and re-run the training cell.", runs.user_frames(exc.traceback or "")) from None
         except TimeoutError:
             raise DefinitionFailed(
                 f"definition cell {definition.index} did not finish within {DEFINITION_TIMEOUT_S} s on "

@@ -1,0 +1,66 @@
+"""Fixtures: one real ipyparallel cluster for the whole suite, real kernels that drive the magics."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from tests.kernel_driver import KernelDriver
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+DEFINITION = '''
+import keras, numpy as np
+from nbdist.datasets import fashion_mnist
+(x, y), (xt, yt) = fashion_mnist(limit=2000)
+x = x.astype("float32")[..., None] / 255
+xt = xt.astype("float32")[..., None] / 255
+def build():
+    return keras.Sequential([
+        keras.Input((28, 28, 1)),
+        keras.layers.Conv2D(8, 3, activation="relu"),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Flatten(),
+        keras.layers.Dense(10, activation="softmax"),
+    ])
+'''
+
+TRAIN = '''
+model = build()
+model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+              loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+history = model.fit(x, y, batch_size=64, epochs={epochs}, validation_data=(xt, yt))
+'''
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """A real 2-engine local ipyparallel cluster, stopped at the end even if tests fail."""
+    import ipyparallel as ipp
+
+    from nbdist.cluster import HEARTBEAT_ARGS
+
+    cluster = ipp.Cluster(n=2, cluster_id=f"nbdist-test-{uuid.uuid4().hex[:8]}",
+                          controller_args=list(HEARTBEAT_ARGS), log_level=30)
+    client = cluster.start_and_connect_sync()
+    try:
+        yield cluster, client
+    finally:
+        client.close()
+        cluster.stop_cluster_sync()
+
+
+@pytest.fixture(scope="module")
+def kernel(cluster):
+    """A real IPython kernel with nbdist loaded, connected to the shared cluster, definitions recorded."""
+    ipp_cluster, _ = cluster
+    driver = KernelDriver()
+    try:
+        driver.run("%load_ext nbdist\nimport nbdist").check()
+        driver.run(f"%dist connect --cluster-id {ipp_cluster.cluster_id}", timeout=120).check()
+        driver.run("%%distribute define --name data\n" + DEFINITION, timeout=120).check()
+        yield driver
+    finally:
+        driver.stop()
