@@ -173,6 +173,10 @@ def _process_running(pid: int) -> bool:
 
 
 def _stop_quietly(cluster) -> None:
+    # Engines exit non-zero on SIGTERM, and ipyparallel then logs their whole output as a warning.
+    for launcher in [cluster, cluster.controller, *cluster.engines.values()]:
+        if launcher is not None and getattr(launcher, "log", None) is not None:
+            launcher.log.setLevel(logging.ERROR)
     try:
         cluster.stop_cluster_sync()
     except Exception as exc:  # stopping must not hide the error that led here

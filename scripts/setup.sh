@@ -25,6 +25,9 @@ apt_install() {
 }
 
 apt_install dataset-fashion-mnist cmake g++ make
+"$PY" -c "import ensurepip" >/dev/null 2>&1 || apt_install python3-venv
+"$PY" -c "import os, sysconfig; raise SystemExit(not os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))" \
+  || apt_install python3-dev   # Horovod compiles against the Python headers
 
 if [ ! -x "$VENV/bin/python" ]; then
   say "creating $VENV"
@@ -39,6 +42,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   pip_quiet install -q --upgrade pip wheel
   pip_quiet install -q "$TF_PACKAGE"
   pip_quiet install -q -e ".[dev]"
+  "$VPY" -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (nbdist)" >/dev/null
   echo "$want" > "$stamp"
 fi
 
