@@ -70,7 +70,7 @@ class ClusterHandle:
 
         kwargs: dict = {"timeout": timeout}
         if file:
-            kwargs["url_file"] = file
+            kwargs["connection_info"] = file
         if profile:
             kwargs["profile"] = profile
         if cluster_id:

@@ -1,0 +1,63 @@
+"""`%dist start / status / stop` and `%dist connect --file` through a real kernel."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+import pytest
+
+from tests.kernel_driver import KernelDriver
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def fresh_kernel():
+    driver = KernelDriver()
+    pids: list[int] = []
+    try:
+        driver.run("%load_ext nbdist\nimport nbdist").check()
+        yield driver, pids
+    finally:
+        try:
+            driver.run("%dist stop", timeout=60)
+        finally:
+            driver.stop()
+            for pid in pids:  # backstop: never leave an engine behind
+                if psutil.pid_exists(pid):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def test_start_status_stop(fresh_kernel):
+    kernel, pids = fresh_kernel
+    started = kernel.run("%dist start -n 1", timeout=180).check().stdout
+    rows = [line.split() for line in started.splitlines() if line[:1].isdigit()]
+    assert len(rows) == 1
+    engine_id, host, pid, cpus, gpus, tf_version, keras_version, hvd_version, state = rows[0]
+    pids.append(int(pid))
+    assert (engine_id, state, gpus) == ("0", "idle", "0")
+    assert tf_version.startswith("2.21") and keras_version.startswith("3.") and hvd_version == "0.28.1"
+    assert psutil.pid_exists(int(pid))
+    assert "cluster stopped" in kernel.run("%dist stop", timeout=60).check().stdout
+    assert not psutil.pid_exists(int(pid)) or psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE
+
+
+def test_connect_by_file_then_disconnect_leaves_cluster_running(fresh_kernel, cluster):
+    kernel, _ = fresh_kernel
+    ipp_cluster, client = cluster
+    connection_file = os.path.join(ipp_cluster.profile_dir, "security",
+                                   f"ipcontroller-{ipp_cluster.cluster_id}-client.json")
+    status = kernel.run(f"%dist connect --file {connection_file}", timeout=120).check().stdout
+    assert len([line for line in status.splitlines() if line[:1].isdigit()]) >= 2
+    assert "keeps running" in kernel.run("%dist stop").check().stdout
+    assert len(client.ids) >= 2
+
+
+def test_connect_to_nothing_fails_fast_with_advice(fresh_kernel, tmp_path):
+    kernel, _ = fresh_kernel
+    reply = kernel.run(f"%dist connect --file {tmp_path / 'missing.json'}", timeout=60)
+    assert reply.ename == "ClusterError", reply.error_text
+    assert "could not connect" in reply.evalue and "%dist start" in reply.evalue
+    assert reply.seconds < 20
