@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import socket
 from dataclasses import dataclass, field
 
 from . import engine
@@ -182,6 +181,3 @@ def _stop_quietly(cluster) -> None:
     except Exception as exc:  # stopping must not hide the error that led here
         logging.getLogger("nbdist").warning("stopping the cluster: %s", exc)
 
-
-def local_hostname() -> str:
-    return socket.gethostname()

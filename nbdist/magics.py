@@ -17,9 +17,11 @@ def _with_strategy_options(func):
     """Declare every strategy option on the magic, so `%%distribute?` lists them all."""
     for option in reversed((*COMMON_OPTIONS, *STRATEGY_OPTIONS.values())):
         kwargs = dict(option.kwargs)
+        help_text = option.help
         if option.flags == ("--strategy",):
             kwargs["choices"] = strategy_names()
-        func = magic_arguments.argument(*option.flags, help=option.help, **kwargs)(func)
+            help_text += f"; one of: {', '.join(strategy_names())} (default local)"
+        func = magic_arguments.argument(*option.flags, help=help_text, **kwargs)(func)
     return func
 
 

@@ -30,6 +30,10 @@ def keras_reporter(run_id: str, worker: int, batch_size: int | None, publish=Non
     import keras
 
     class Reporter(keras.callbacks.Callback):
+        # Batch-end hooks then run on Keras' dispatch thread, so training never waits for us to
+        # read the loss; the counters are touched from that one thread only.
+        async_safe = True
+
         def __init__(self):
             super().__init__()
             self.records: list[dict] = []

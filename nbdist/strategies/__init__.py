@@ -35,8 +35,8 @@ def make_strategy(options: dict) -> Strategy:
         raise OptionError(f"Unknown strategy {name!r}. Choose one of: {', '.join(strategy_names())}.")
     cls = REGISTRY[name]
     for key, option in STRATEGY_OPTIONS.items():
-        if key not in cls.options_read() and options.get(option.dest) not in (None, option.default):
-            readers = [n for n, c in REGISTRY.items() if key in c.options_read()]
+        if key not in cls.options and options.get(option.dest) not in (None, option.default):
+            readers = [n for n, c in REGISTRY.items() if key in c.options]
             raise OptionError(
                 f"{option.flags[-1]} applies to {', '.join(readers) or 'no strategy'}, not to --strategy {name}."
             )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from ..errors import ClusterError, OptionError
 
@@ -101,10 +101,3 @@ class Strategy:
 
     def finish(self, run) -> None:
         """Stop what `prepare` started; called once whatever the run's outcome."""
-
-    def describe(self) -> dict[str, Any]:
-        return {"strategy": self.name, **{k: self.options.get(k) for k in self.options_read()}}
-
-    @classmethod
-    def options_read(cls) -> tuple[str, ...]:
-        return cls.options
