@@ -146,10 +146,14 @@ class ClusterHandle:
         """Registered with the hub and, for an engine on this machine, its process still running."""
         if eid not in (alive if alive is not None else set(self.ids())):
             return False
-        info = self._info.get(eid)
-        if info is None or info.pid is None or info.boot_id is None or info.boot_id != self._local_boot_id:
+        if not self.is_local(eid) or self._info[eid].pid is None:
             return True
-        return _process_running(info.pid)
+        return _process_running(self._info[eid].pid)
+
+    def is_local(self, eid: int) -> bool:
+        """Whether the engine runs on this machine (same boot id as the kernel)."""
+        info = self._info.get(eid)
+        return info is not None and info.boot_id is not None and info.boot_id == self._local_boot_id
 
     def signal(self, ids: list[int], sig: int = signal.SIGINT) -> None:
         """Send `sig` to the engines' processes (SIGINT raises KeyboardInterrupt in running code)."""

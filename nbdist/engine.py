@@ -112,7 +112,7 @@ def run_training_cell(spec: dict) -> list:
         import keras
 
         keras.utils.set_random_seed(spec["seed"])
-    with intercept_fit(handler):
+    with worker.cell_context(), intercept_fit(handler):
         _run_source(spec["cell"], f"<nbdist training cell, run {spec['run']}>")
     if not results:
         raise NoFitCall(

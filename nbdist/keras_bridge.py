@@ -121,7 +121,7 @@ def install_result(model, result: FitResult, sample_input=None):
     import keras
 
     if not model.built:
-        _build(model, sample_input)
+        build_from_sample(model, sample_input)
     expected = [tuple(w.shape) for w in model.get_weights()]
     received = [tuple(w.shape) for w in result.weights]
     if expected != received:
@@ -154,7 +154,7 @@ def _install_optimizer_state(model, values):
         variable.assign(value)
 
 
-def _build(model, sample_input):
+def build_from_sample(model, sample_input):
     """Build a subclassed model by calling it once on one example of the training input."""
     if sample_input is None:
         raise OptionError("The model has no weights yet and the training input is unknown; build it before fit.")

@@ -83,7 +83,7 @@ def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None) -> Run
     run.status, run.started_at = "running", time.time()
     pending: dict = {}
     try:
-        config = strategy.prepare(run)
+        config = strategy.prepare(run, cluster)
         pending = _submit(run, cluster, config)
         _wait(run, cluster, pending, on_progress)
         run.status = "done"

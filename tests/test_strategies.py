@@ -58,3 +58,8 @@ def test_option_of_another_strategy_is_refused_by_name(with_pair):
     with pytest.raises(OptionError, match="--lam applies to pair, not to --strategy local"):
         strategies.make_strategy({"strategy": "local", "lam": 0.1})
     assert strategies.make_strategy({"strategy": "pair", "lam": 0.1}).options["lam"] == 0.1
+
+
+def test_workers_and_targets_together_are_refused():
+    with pytest.raises(OptionError, match="--workers or --targets, not both"):
+        strategies.make_strategy({"strategy": "local"}).choose_workers([0, 1], 1, [1])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..errors import OptionError
 from .base import Option, Strategy, Worker
+from .hfdt import HfdtStrategy
 from .local import LocalStrategy
 
 # Options every strategy reads; the magic shows them first.
@@ -19,9 +20,17 @@ COMMON_OPTIONS = (
 )
 
 # Options only some strategies read: name -> Option. Strategies list the names they read.
-STRATEGY_OPTIONS: dict[str, Option] = {}
+STRATEGY_OPTIONS: dict[str, Option] = {
+    "compression": Option(("--compression",), "gradient compression on the allreduce: none or fp16",
+                          (("default", "none"), ("choices", ("none", "fp16")))),
+    "scale_lr": Option(("--scale-lr",), "multiply the learning rate by the number of workers (linear, "
+                       "the default) or leave it (none)", (("default", "linear"), ("choices", ("linear", "none")))),
+    "warmup_epochs": Option(("--warmup-epochs",), "ramp the scaled learning rate up over this many epochs "
+                            "(default 0: scaled from the first step)", (("type", float), ("default", 0.0),
+                                                                       ("metavar", "E"))),
+}
 
-REGISTRY: dict[str, type[Strategy]] = {cls.name: cls for cls in (LocalStrategy,)}
+REGISTRY: dict[str, type[Strategy]] = {cls.name: cls for cls in (LocalStrategy, HfdtStrategy)}
 
 
 def strategy_names() -> list[str]:

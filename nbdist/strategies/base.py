@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -50,6 +51,10 @@ class Worker:
         """Train `request.model` as the strategy says; return the Keras `History`."""
         raise NotImplementedError
 
+    def cell_context(self):
+        """A context the whole training cell runs in (device placement, say); none by default."""
+        return contextlib.nullcontext()
+
 
 class Strategy:
     """The controller half: picks engines, prepares services, cleans up.
@@ -71,6 +76,9 @@ class Strategy:
 
     def choose_workers(self, available: list[int], workers: int | None, targets: list[int] | None) -> list[int]:
         """The engine ids this run trains on, from the idle engines `available` (sorted)."""
+        if targets and workers is not None:
+            raise OptionError(f"give --workers or --targets, not both. Received: --workers {workers} "
+                              f"--targets {','.join(map(str, targets))}")
         if targets:
             chosen = list(dict.fromkeys(targets))
             missing = [t for t in chosen if t not in available]
@@ -95,8 +103,11 @@ class Strategy:
             )
         return chosen
 
-    def prepare(self, run) -> dict:
-        """Start what the controller side needs (PS, rendezvous); return config for the workers."""
+    def prepare(self, run, cluster) -> dict:
+        """Start what the controller side needs (PS, rendezvous); return config for the workers.
+
+        May reorder `run.workers`: their order is the rank order.
+        """
         return {}
 
     def finish(self, run) -> None:

@@ -1,0 +1,94 @@
+"""Horovod's Gloo rendezvous, run by the notebook kernel, and the host plan from the engine inventory."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import threading
+from urllib.parse import urlparse
+
+from .errors import ClusterError
+
+
+def require_horovod():
+    """Import Horovod's runner pieces, or say how to install it."""
+    try:
+        from horovod.runner.common.util import hosts
+        from horovod.runner.http import http_server
+    except ImportError as exc:
+        raise ClusterError(
+            f"--strategy hfdt needs Horovod in the notebook's environment ({exc}). "
+            "Install it with `make setup` (builds Horovod 0.28.1 once and caches the wheel)."
+        ) from None
+    return hosts, http_server
+
+
+def host_plan(hostnames: list[str]):
+    """Horovod slot assignments for workers on these hosts (one entry per worker, in worker order).
+
+    Returns:
+        (order, slots): `order[rank]` is the index into `hostnames` of the worker given that
+        rank, and `slots[rank]` its Horovod SlotInfo (local rank, cross rank, sizes).
+    """
+    hosts, _ = require_horovod()
+    counts: dict[str, int] = {}
+    for name in hostnames:
+        counts[name] = counts.get(name, 0) + 1
+    infos = [hosts.HostInfo(name, slots) for name, slots in counts.items()]
+    slots = hosts.get_host_assignments(infos, len(hostnames), len(hostnames))
+    waiting = {name: [i for i, h in enumerate(hostnames) if h == name] for name in counts}
+    order = [waiting[slot.hostname].pop(0) for slot in slots]
+    return order, slots
+
+
+def rendezvous_address(client, all_local: bool) -> str:
+    """The address engines use to reach this kernel: loopback for a local cluster, else the
+    kernel's address on the network it shares with the controller (NBDIST_RENDEZVOUS_ADDR overrides)."""
+    if os.environ.get("NBDIST_RENDEZVOUS_ADDR"):
+        return os.environ["NBDIST_RENDEZVOUS_ADDR"]
+    if all_local:
+        return "127.0.0.1"
+    controller = urlparse(client._config.get("registration", "") or "").hostname or ""
+    try:
+        if controller and not ipaddress.ip_address(controller).is_loopback:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # a route lookup: sends nothing
+                probe.connect((controller, 9))
+                return probe.getsockname()[0]
+    except (OSError, ValueError):
+        pass
+    return socket.gethostbyname(socket.gethostname())
+
+
+class Rendezvous:
+    """Horovod's own HTTP rendezvous server, bound to one address (not all interfaces)."""
+
+    def __init__(self, address: str):
+        self.address = address
+        self.port: int | None = None
+        self._server = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, slots) -> int:
+        _, http_server = require_horovod()
+        self._server = http_server.RendezvousHTTPServer((self.address, 0), http_server.RendezvousHandler, 0)
+        self._server.init(slots)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="nbdist-rendezvous", daemon=True)
+        self._thread.start()
+        return self.port
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

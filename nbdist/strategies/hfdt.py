@@ -1,0 +1,241 @@
+"""`hfdt`: synchronous data parallel training with Horovod ring-allreduce (Keras 3 safe core ops).
+
+Keras' own `fit` loop runs on every worker; only the optimizer's `apply_gradients` is
+wrapped so gradients are averaged across ranks first (Horovod's DistributedOptimizer idea,
+done with `grouped_allreduce` because `horovod.keras` does not work with Keras 3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from ..errors import ClusterError, OptionError
+from ..rendezvous import Rendezvous, host_plan, rendezvous_address, require_horovod
+from ..sharding import shard_arrays, shard_dataset, split_validation
+from .base import Strategy, Worker
+
+
+class HfdtWorker(Worker):
+    """One Horovod rank: shards the data, averages gradients and epoch metrics across ranks."""
+
+    @property
+    def slot(self) -> dict:
+        return self.config["slots"][self.rank]
+
+    def cell_context(self):
+        """Each engine uses only the GPU of its local rank."""
+        import tensorflow as tf
+
+        gpus = tf.config.list_physical_devices("GPU")
+        if not gpus:
+            return contextlib.nullcontext()
+        gpu = gpus[self.slot["local_rank"] % len(gpus)]
+        try:
+            tf.config.set_visible_devices(gpu, "GPU")
+            tf.config.experimental.set_memory_growth(gpu, True)
+            return contextlib.nullcontext()
+        except RuntimeError:  # TensorFlow already initialised on this engine: place ops instead
+            return tf.device(f"/GPU:{self.slot['local_rank'] % len(gpus)}")
+
+    def fit(self, request):
+        hvd = self._init_horovod()
+        model, optimizer = request.model, request.model.optimizer
+        original_apply = optimizer.apply_gradients
+        try:
+            data = self._shard(request)
+            _build_with_optimizer(model, data["x"])
+            _broadcast_from_rank0(hvd, list(model.variables) + list(optimizer.variables))
+            optimizer.apply_gradients = _allreduced(hvd, original_apply, self.options.get("compression"))
+            model.jit_compile = False  # XLA cannot compile Horovod's ops
+            model.train_function = None  # retrace with the allreduce in the step
+            callbacks = [_epoch_log_averager(hvd), *self._lr_callbacks(optimizer),
+                         *list(request.callbacks or []), self.make_reporter(request.samples_per_step)]
+            return request.run_plain(callbacks=callbacks, verbose=0, **data)
+        finally:
+            optimizer.apply_gradients = original_apply
+            model.train_function = None
+            hvd.shutdown()
+
+    def _init_horovod(self):
+        try:
+            import horovod.tensorflow as hvd
+        except ImportError as exc:
+            raise ClusterError(f"Horovod is not installed on this engine ({exc}); run `make setup` on its host.")
+        if hvd.is_initialized():
+            hvd.shutdown()
+        slot = self.slot
+        os.environ.update({
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": self.config["address"],
+            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self.config["port"]),
+            "HOROVOD_CONTROLLER": "gloo",
+            "HOROVOD_CPU_OPERATIONS": "gloo",
+            "HOROVOD_GLOO_IFACE": interface_towards(self.config["address"], self.config["port"]),
+            "HOROVOD_HOSTNAME": slot["hostname"],
+            "HOROVOD_RANK": str(slot["rank"]), "HOROVOD_SIZE": str(slot["size"]),
+            "HOROVOD_LOCAL_RANK": str(slot["local_rank"]), "HOROVOD_LOCAL_SIZE": str(slot["local_size"]),
+            "HOROVOD_CROSS_RANK": str(slot["cross_rank"]), "HOROVOD_CROSS_SIZE": str(slot["cross_size"]),
+        })
+        hvd.init()
+        if (hvd.rank(), hvd.size()) != (self.rank, self.size):
+            raise ClusterError(f"Horovod gave rank {hvd.rank()}/{hvd.size()}, expected {self.rank}/{self.size}")
+        return hvd
+
+    def _shard(self, request) -> dict:
+        """x, y, validation_data and steps_per_epoch for this rank (validation_split done here)."""
+        x, y, validation = request.x, request.y, request.validation_data
+        steps = request.steps_per_epoch
+        if request.validation_split:
+            if _is_dataset(x):
+                raise OptionError("validation_split needs numpy inputs; give validation_data with a tf.data.Dataset.")
+            (x, y), validation = split_validation(x, y, request.validation_split)
+        if _is_dataset(x):
+            x, steps = shard_dataset(x, self.rank, self.size, steps)
+        else:
+            x, y = shard_arrays(x, y, self.rank, self.size)
+        if validation is not None:
+            if _is_dataset(validation):
+                validation, _ = shard_dataset(validation, self.rank, self.size, None)
+            else:
+                validation = shard_arrays(validation[0], validation[1], self.rank, self.size)
+        return {"x": x, "y": y, "validation_data": validation, "validation_split": 0.0, "steps_per_epoch": steps}
+
+    def _lr_callbacks(self, optimizer) -> list:
+        if self.options.get("scale_lr", "linear") == "none" or self.size == 1:
+            return []
+        import keras
+
+        if isinstance(getattr(optimizer, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule):
+            raise OptionError("nbdist does not scale a learning-rate schedule; use --scale-lr none "
+                              "(and scale the schedule by the number of workers yourself).")
+        return [_lr_scaler(optimizer, self.size, float(self.options.get("warmup_epochs") or 0))]
+
+
+def interface_towards(address: str, port: int) -> str:
+    """The name of this host's network interface that carries traffic to `address`."""
+    import socket
+
+    import psutil
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # a route lookup: sends nothing
+        probe.connect((address, port))
+        local_ip = probe.getsockname()[0]
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == local_ip for a in addresses):
+            return name
+    if local_ip.startswith("127."):
+        return "lo"
+    raise ClusterError(f"no network interface holds {local_ip}, the address this engine uses to reach {address}")
+
+
+def _is_dataset(value) -> bool:
+    return hasattr(value, "element_spec") and hasattr(value, "take")
+
+
+def _build_with_optimizer(model, x):
+    from ..keras_bridge import build_from_sample
+
+    if not model.built:
+        build_from_sample(model, x)
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+
+
+def _broadcast_from_rank0(hvd, variables) -> None:
+    """Every rank starts from rank 0's weights and optimizer state."""
+    import tensorflow as tf
+
+    for i, variable in enumerate(variables):
+        variable.assign(hvd.broadcast(tf.convert_to_tensor(variable), root_rank=0, name=f"nbdist_init_{i}"))
+
+
+def _allreduced(hvd, apply_gradients, compression: str | None):
+    """`optimizer.apply_gradients` that first averages the gradients over all ranks (one fused group)."""
+    import tensorflow as tf
+
+    compressor = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
+
+    def apply(grads_and_vars):
+        pairs = list(grads_and_vars)
+        present = [i for i, (g, _) in enumerate(pairs) if g is not None]
+        dense = [tf.convert_to_tensor(pairs[i][0]) for i in present]  # IndexedSlices -> dense
+        reduced = hvd.grouped_allreduce(dense, op=hvd.Average, compression=compressor) if dense else []
+        grads = [g for g, _ in pairs]
+        for i, g in zip(present, reduced):
+            grads[i] = g
+        return apply_gradients(zip(grads, [v for _, v in pairs]))
+
+    return apply
+
+
+def _epoch_log_averager(hvd):
+    """Averages every epoch-end metric (train and validation) over ranks, before History records it."""
+    import keras
+    import tensorflow as tf
+
+    class EpochLogAverager(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            keys = sorted(k for k, v in (logs or {}).items() if isinstance(v, (int, float)))
+            if not keys:
+                return
+            values = hvd.allreduce(tf.constant([float(logs[k]) for k in keys], tf.float64), op=hvd.Average,
+                                   name=f"nbdist_epoch_logs_{epoch}")
+            logs.update(zip(keys, (float(v) for v in values.numpy())))
+
+    return EpochLogAverager()
+
+
+def _lr_scaler(optimizer, factor: int, warmup_epochs: float):
+    """Linear scaling (lr x workers), ramped up over `warmup_epochs` (Goyal et al. 2017); restored at the end."""
+    import keras
+
+    class LearningRateScaler(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.base = float(optimizer.learning_rate)
+            self.epoch = 0
+            self._set(0, 0)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if warmup_epochs > 0 and self.epoch < warmup_epochs:
+                self._set(self.epoch, batch)
+
+        def on_train_end(self, logs=None):
+            optimizer.learning_rate = self.base
+
+        def _set(self, epoch, batch):
+            steps = (self.params or {}).get("steps") or 1
+            progress = 1.0 if warmup_epochs <= 0 else min(1.0, (epoch + batch / steps) / warmup_epochs)
+            optimizer.learning_rate = self.base * (1 + (factor - 1) * progress)
+
+    return LearningRateScaler()
+
+
+class HfdtStrategy(Strategy):
+    name = "hfdt"
+    min_workers = 1
+    summary = "synchronous data parallel, Horovod ring-allreduce over Gloo"
+    options = ("compression", "scale_lr", "warmup_epochs")
+    worker_class = HfdtWorker
+
+    def __init__(self, options):
+        super().__init__(options)
+        self.rendezvous: Rendezvous | None = None
+
+    def prepare(self, run, cluster) -> dict:
+        require_horovod()
+        order, slots = host_plan([cluster.info(eid).host for eid in run.workers])
+        run.workers[:] = [run.workers[i] for i in order]  # rank order
+        address = rendezvous_address(cluster.client, all(cluster.is_local(e) for e in run.workers))
+        self.rendezvous = Rendezvous(address)
+        port = self.rendezvous.start(slots)
+        return {"address": address, "port": port,
+                "slots": [{k: getattr(s, k) for k in ("hostname", "rank", "local_rank", "cross_rank", "size",
+                                                      "local_size", "cross_size")} for s in slots]}
+
+    def finish(self, run) -> None:
+        if self.rendezvous is not None:
+            self.rendezvous.stop()
+            self.rendezvous = None
