@@ -76,6 +76,9 @@ class HfdtWorker(Worker):
             "HOROVOD_LOCAL_RANK": str(slot["local_rank"]), "HOROVOD_LOCAL_SIZE": str(slot["local_size"]),
             "HOROVOD_CROSS_RANK": str(slot["cross_rank"]), "HOROVOD_CROSS_SIZE": str(slot["cross_size"]),
         })
+        # A rank that waits this long for its peers is stuck, not slow: fail rather than hang.
+        os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", "30")
+        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "60")
         hvd.init()
         if (hvd.rank(), hvd.size()) != (self.rank, self.size):
             raise ClusterError(f"Horovod gave rank {hvd.rank()}/{hvd.size()}, expected {self.rank}/{self.size}")
@@ -159,7 +162,10 @@ def _allreduced(hvd, apply_gradients, compression: str | None):
         pairs = list(grads_and_vars)
         present = [i for i, (g, _) in enumerate(pairs) if g is not None]
         dense = [tf.convert_to_tensor(pairs[i][0]) for i in present]  # IndexedSlices -> dense
-        reduced = hvd.grouped_allreduce(dense, op=hvd.Average, compression=compressor) if dense else []
+        # A fixed name: Horovod matches tensors across ranks by name, and the default (from
+        # layer names such as dense_3) differs on an engine that built other models before.
+        reduced = (hvd.grouped_allreduce(dense, op=hvd.Average, compression=compressor, name="nbdist_gradients")
+                   if dense else [])
         grads = [g for g, _ in pairs]
         for i, g in zip(present, reduced):
             grads[i] = g
@@ -197,6 +203,7 @@ def _lr_scaler(optimizer, factor: int, warmup_epochs: float):
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
+            self._set(epoch, 0)
 
         def on_train_batch_begin(self, batch, logs=None):
             if warmup_epochs > 0 and self.epoch < warmup_epochs:

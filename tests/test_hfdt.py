@@ -1,0 +1,72 @@
+"""HFDT on 2 real engines with real Horovod, through a real kernel."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.conftest import TRAIN
+
+pytestmark = pytest.mark.cluster
+
+WEIGHTS_OF_RANKS = ("(lambda r: max(float(abs(a - b).max()) for a, b in "
+                    "zip(r.results[r.workers[0]][-1].weights, r.results[r.workers[1]][-1].weights)))"
+                    "(nbdist.last_run)")
+
+
+def test_ranks_agree_loss_falls_and_model_comes_back(kernel):
+    kernel.run("%%distribute --strategy hfdt --workers 2 --compression fp16 --warmup-epochs 1\n"
+               + TRAIN.format(epochs=3), timeout=240).check()
+    assert kernel.value(WEIGHTS_OF_RANKS) <= 1e-6
+    result = kernel.value("{'loss': history.history['loss'], 'val': history.history['val_accuracy'][-1], "
+                          "'eval': model.evaluate(xt, yt, verbose=0)[1], 'workers': nbdist.last_run.workers, "
+                          "'lr': float(model.optimizer.learning_rate)}")
+    assert result["loss"][0] > result["loss"][1] > result["loss"][2]
+    assert len(result["workers"]) == 2
+    # Validation is sharded evenly and averaged: it equals evaluating the returned model on all of it.
+    assert result["eval"] == pytest.approx(result["val"], abs=1e-6)
+    assert result["lr"] == pytest.approx(0.05)  # the scaled rate is the engines' business; the user's is restored
+
+
+def test_two_workers_batch_b_match_local_batch_2b(kernel):
+    cell = '''
+model = build()
+model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+history = model.fit(x, y, batch_size={batch}, epochs=1, steps_per_epoch=10, shuffle=False)
+'''
+    kernel.run("%%distribute --strategy local --seed 11\n" + cell.format(batch=64), timeout=180).check()
+    kernel.run("local_weights = model.get_weights()").check()
+    kernel.run("%%distribute --strategy hfdt --workers 2 --scale-lr none --seed 11\n" + cell.format(batch=32),
+               timeout=180).check()
+    diff = kernel.value("max(float(abs(a - b).max()) for a, b in zip(local_weights, model.get_weights()))")
+    scale = kernel.value("max(float(abs(w).max()) for w in local_weights)")
+    assert diff <= 1e-5 * max(1.0, scale), diff
+
+
+def test_hfdt_refuses_options_of_nothing_and_local_refuses_hfdt_options(kernel):
+    reply = kernel.run("%%distribute --strategy local --compression fp16\n" + TRAIN.format(epochs=1))
+    assert reply.ename == "OptionError" and "--compression applies to hfdt" in reply.evalue
+
+
+def test_engine_killed_mid_run_fails_fast_and_next_hfdt_cell_works(kernel, cluster):
+    ipp_cluster, client = cluster
+    before = set(client.ids)
+    ipp_cluster.start_engines_sync(n=2)
+    client.wait_for_engines(len(before) + 2, timeout=90, block=True)
+    survivor, victim = sorted(set(client.ids) - before)
+    pid = client[victim].apply_sync(os.getpid)
+
+    msg_id = kernel.submit(f"%%distribute --strategy hfdt --targets {survivor},{victim}\n" + TRAIN.format(epochs=200))
+    kernel.collect(msg_id, timeout=180, until_output="step")
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.time()
+    reply = kernel.collect(msg_id, timeout=60)
+    assert reply.ename == "EngineDied", reply.error_text
+    assert f"engine {victim} (host " in reply.evalue and f"pid {pid}" in reply.evalue
+    assert time.time() - killed_at <= 30
+    # The survivor was freed (Horovod shut down) and trains again with another engine.
+    kernel.run(f"%%distribute --strategy hfdt --targets {survivor},0\n" + TRAIN.format(epochs=1), timeout=180).check()
+    assert kernel.value(WEIGHTS_OF_RANKS) <= 1e-6

@@ -1,0 +1,93 @@
+"""Pure pieces of HFDT: sharding, Horovod host plans, the bound rendezvous, lr scaling."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from nbdist.errors import OptionError
+from nbdist.rendezvous import Rendezvous, host_plan
+from nbdist.sharding import shard_arrays, shard_dataset, split_validation
+from nbdist.strategies.hfdt import _lr_scaler, interface_towards
+
+
+def test_split_validation_is_keras_own():
+    x, y = np.arange(10), np.arange(10) * 10
+    (tx, ty), (vx, vy) = split_validation(x, y, 0.25)
+    assert tx.tolist() == list(range(8)) and vx.tolist() == [8, 9]  # ceil(10 * 0.75) = 8
+    assert vy.tolist() == [80, 90]
+
+
+def test_shards_are_equal_strided_and_rebuild_the_global_batches():
+    x = np.arange(11)
+    shards = [shard_arrays(x, x, rank, 2)[0] for rank in range(2)]
+    assert [s.tolist() for s in shards] == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]  # sample 10 left out
+    b = 2  # per-worker batch: global batch i of the two shards == x[4i:4i+4]
+    for i in range(2):
+        assert sorted(np.concatenate([s[i * b:(i + 1) * b] for s in shards]).tolist()) == list(range(4 * i, 4 * i + 4))
+
+
+def test_shards_of_dicts_and_too_few_samples():
+    x = {"a": np.arange(6), "b": np.arange(6) * 2}
+    sx, sy = shard_arrays(x, np.arange(6), 2, 3)
+    assert sx["a"].tolist() == [2, 5] and sx["b"].tolist() == [4, 10] and sy.tolist() == [2, 5]
+    with pytest.raises(OptionError, match="2 training samples cannot be shared by 3 workers"):
+        shard_arrays(np.arange(2), np.arange(2), 0, 3)
+
+
+def test_dataset_shards_have_equal_batch_counts():
+    data = tf.data.Dataset.range(50).batch(5)  # 10 batches over 3 ranks: 3 each
+    counts = [len(list(shard_dataset(data, r, 3, None)[0])) for r in range(3)]
+    assert counts == [3, 3, 3]
+    first = [int(b[0]) for b in shard_dataset(data, 1, 3, None)[0]]
+    assert first == [5, 20, 35]  # batches 1, 4, 7
+
+
+def test_dataset_of_unknown_length_needs_steps():
+    unknown = tf.data.Dataset.range(10).filter(lambda v: v > 2).batch(2)
+    with pytest.raises(OptionError, match="unknown length: give fit a steps_per_epoch"):
+        shard_dataset(unknown, 0, 2, None)
+    _, steps = shard_dataset(unknown, 0, 2, 3)
+    assert steps == 3
+
+
+def test_host_plan_groups_local_ranks_by_host():
+    order, slots = host_plan(["h1", "h2", "h1"])
+    assert order == [0, 2, 1]  # engines 0 and 2 share h1: ranks 0 and 1
+    assert [(s.hostname, s.rank, s.local_rank, s.local_size, s.cross_rank) for s in slots] == [
+        ("h1", 0, 0, 2, 0), ("h1", 1, 1, 2, 0), ("h2", 2, 0, 1, 1)]
+
+
+def test_rendezvous_binds_only_the_given_address():
+    _, slots = host_plan(["h"])
+    with Rendezvous("127.0.0.1") as rendezvous:
+        port = rendezvous.start(slots)
+        assert rendezvous._server.server_address == ("127.0.0.1", port)
+        # Horovod's rendezvous answers a GET for an unknown key with 404: the server is up.
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/global/nothing", timeout=5)
+        assert missing.value.code == 404
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2)
+
+
+def test_interface_towards_loopback():
+    assert interface_towards("127.0.0.1", 80) == "lo"
+
+
+def test_lr_scaler_ramps_linearly_then_restores():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    seen = []
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_begin=lambda batch, logs: seen.append(round(float(model.optimizer.learning_rate), 6)))
+    model.fit(np.zeros((8, 2)), np.zeros(8), batch_size=2, epochs=2, verbose=0,
+              callbacks=[_lr_scaler(model.optimizer, 4, warmup_epochs=1), record])
+    # 4 steps per epoch; warm-up over epoch 0 from 0.1 to 0.4, then 0.4 (= 0.1 x 4 workers).
+    assert seen == [0.1, 0.175, 0.25, 0.325, 0.4, 0.4, 0.4, 0.4]
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.1)
