@@ -11,39 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import textwrap
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-# Shared by both sides: the ENVIRONMENT.md baseline CNN and a callback that times each epoch.
-DEFINITION = textwrap.dedent('''
-    import time, keras
-    from nbdist.datasets import fashion_mnist
-    (x, y), _ = fashion_mnist(limit={samples})
-    x = x.astype("float32")[..., None] / 255
-
-    class EpochTimer(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            self.seconds = []
-        def on_epoch_begin(self, epoch, logs=None):
-            self._t = time.perf_counter()
-        def on_epoch_end(self, epoch, logs=None):
-            self.seconds.append(time.perf_counter() - self._t)
-
-    def build():
-        return keras.Sequential([
-            keras.Input((28, 28, 1)),
-            keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
-            keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(),
-            keras.layers.Flatten(), keras.layers.Dense(128, activation="relu"),
-            keras.layers.Dense(10, activation="softmax"),
-        ])
-''')
+from common import DEFINITION, notebook_shell, print_table, steady_samples_per_s
 
 TRAIN = textwrap.dedent('''
     keras.utils.set_random_seed(0)
@@ -53,12 +27,6 @@ TRAIN = textwrap.dedent('''
     timer = EpochTimer()
     history = model.fit(x, y, batch_size=64, epochs={epochs}, callbacks=[timer], verbose=0)
 ''')
-
-
-def steady_samples_per_s(epoch_seconds: list[float], samples: int) -> float:
-    """Samples/s of the median epoch after the first (which includes tracing); the median shrugs off
-    an epoch that a noisy neighbour slowed down."""
-    return samples / statistics.median(epoch_seconds[1:] or epoch_seconds)
 
 
 def plain_fit(samples: int, epochs: int) -> dict:
@@ -78,13 +46,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="warm runs for the cell-to-first-step time")
     args = parser.parse_args()
 
-    from IPython.testing.globalipapp import start_ipython
-
-    import nbdist
-
-    ip = start_ipython()
-    ip.run_line_magic("load_ext", "nbdist")
-    session = nbdist.get_session(ip)
+    ip, session = notebook_shell()
     print(f"Starting a 1-engine cluster; {args.samples} Fashion-MNIST samples, {args.epochs} epochs, batch 64")
     ip.run_line_magic("dist", "start -n 1")
     try:
@@ -113,16 +75,14 @@ def main() -> None:
         return statistics.median(r[key] for r in rounds)
 
     ratio = statistics.median(r["nbdist"] / r["plain"] for r in rounds)
-    rows = [
-        ("samples/s (median epoch 2+), median round", f"{median('nbdist'):,.0f}", f"{median('plain'):,.0f}", f"{ratio:.3f}"),
-        ("wall time of the training cell, s, median", f"{median('nbdist_wall'):.2f}", f"{median('plain_wall'):.2f}",
-         f"{median('plain_wall') / median('nbdist_wall'):.3f}"),
-        ("cell start -> first step, s (median of warm runs)", f"{statistics.median(first_steps):.2f}", "-", "-"),
-    ]
-    width = max(len(r[0]) for r in rows)
-    print(f"\n{'measure'.ljust(width)}  {'nbdist local':>12}  {'plain fit':>10}  {'ratio':>6}")
-    for name, ours, theirs, relative in rows:
-        print(f"{name.ljust(width)}  {ours:>12}  {theirs:>10}  {relative:>6}")
+    print()
+    print_table(["measure", "nbdist local", "plain fit", "ratio"], [
+        ["samples/s (median epoch 2+), median round", f"{median('nbdist'):,.0f}", f"{median('plain'):,.0f}",
+         f"{ratio:.3f}"],
+        ["wall time of the training cell, s, median", f"{median('nbdist_wall'):.2f}", f"{median('plain_wall'):.2f}",
+         f"{median('plain_wall') / median('nbdist_wall'):.3f}"],
+        ["cell start -> first step, s (median of warm runs)", f"{statistics.median(first_steps):.2f}", "-", "-"],
+    ])
     for i, r in enumerate(rounds, 1):
         print(f"round {i}: nbdist {r['nbdist']:,.0f} samples/s, plain {r['plain']:,.0f} samples/s, "
               f"ratio {r['nbdist'] / r['plain']:.3f}")

@@ -46,6 +46,14 @@ history = model.fit(x, y, batch_size={batch}, epochs=1, steps_per_epoch=10, shuf
     assert diff <= 1e-5 * max(1.0, scale), diff
 
 
+def test_rerun_with_another_number_of_workers(kernel):
+    short = TRAIN.format(epochs=1).replace("epochs=1", "epochs=1, steps_per_epoch=5")
+    kernel.run("%%distribute --strategy hfdt --workers 1\n" + short, timeout=180).check()
+    assert len(kernel.value("nbdist.last_run.workers")) == 1
+    kernel.run("%%distribute --strategy hfdt --workers 2\n" + short, timeout=180).check()
+    assert kernel.value(WEIGHTS_OF_RANKS) <= 1e-6
+
+
 def test_hfdt_refuses_options_of_nothing_and_local_refuses_hfdt_options(kernel):
     reply = kernel.run("%%distribute --strategy local --compression fp16\n" + TRAIN.format(epochs=1))
     assert reply.ename == "OptionError" and "--compression applies to hfdt" in reply.evalue
