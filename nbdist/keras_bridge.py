@@ -35,7 +35,7 @@ class FitRequest:
     @property
     def samples_per_step(self) -> int | None:
         """The global batch size of one step, when it can be known before training."""
-        if _is_dataset(self.args["x"]):
+        if is_dataset(self.args["x"]):
             spec = self.args["x"].element_spec
             first = spec[0] if isinstance(spec, (tuple, list)) else spec
             dims = getattr(first, "shape", None)
@@ -158,7 +158,7 @@ def build_from_sample(model, sample_input):
     """Build a subclassed model by calling it once on one example of the training input."""
     if sample_input is None:
         raise OptionError("The model has no weights yet and the training input is unknown; build it before fit.")
-    if _is_dataset(sample_input):
+    if is_dataset(sample_input):
         batch = next(iter(sample_input.take(1)))
         sample_input = batch[0] if isinstance(batch, (tuple, list)) else batch
     elif isinstance(sample_input, dict):
@@ -170,7 +170,8 @@ def build_from_sample(model, sample_input):
     model(sample_input)
 
 
-def _is_dataset(value) -> bool:
+def is_dataset(value) -> bool:
+    """Whether `value` is a tf.data.Dataset (without importing TensorFlow)."""
     return hasattr(value, "element_spec") and hasattr(value, "take")
 
 

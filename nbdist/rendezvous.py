@@ -49,7 +49,8 @@ def rendezvous_address(client, all_local: bool) -> str:
         return os.environ["NBDIST_RENDEZVOUS_ADDR"]
     if all_local:
         return "127.0.0.1"
-    controller = urlparse(client._config.get("registration", "") or "").hostname or ""
+    config = getattr(client, "_config", None) or {}  # ipyparallel keeps the connection info here
+    controller = urlparse(config.get("registration", "") or "").hostname or ""
     try:
         if controller and not ipaddress.ip_address(controller).is_loopback:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # a route lookup: sends nothing

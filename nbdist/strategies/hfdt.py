@@ -11,6 +11,7 @@ import contextlib
 import os
 
 from ..errors import ClusterError, OptionError
+from ..keras_bridge import build_from_sample, is_dataset
 from ..rendezvous import Rendezvous, host_plan, rendezvous_address, require_horovod
 from ..sharding import shard_arrays, shard_dataset, split_validation
 from .base import Strategy, Worker
@@ -89,15 +90,15 @@ class HfdtWorker(Worker):
         x, y, validation = request.x, request.y, request.validation_data
         steps = request.steps_per_epoch
         if request.validation_split:
-            if _is_dataset(x):
+            if is_dataset(x):
                 raise OptionError("validation_split needs numpy inputs; give validation_data with a tf.data.Dataset.")
             (x, y), validation = split_validation(x, y, request.validation_split)
-        if _is_dataset(x):
+        if is_dataset(x):
             x, steps = shard_dataset(x, self.rank, self.size, steps)
         else:
             x, y = shard_arrays(x, y, self.rank, self.size)
         if validation is not None:
-            if _is_dataset(validation):
+            if is_dataset(validation):
                 validation, _ = shard_dataset(validation, self.rank, self.size, None)
             else:
                 validation = shard_arrays(validation[0], validation[1], self.rank, self.size)
@@ -131,13 +132,7 @@ def interface_towards(address: str, port: int) -> str:
     raise ClusterError(f"no network interface holds {local_ip}, the address this engine uses to reach {address}")
 
 
-def _is_dataset(value) -> bool:
-    return hasattr(value, "element_spec") and hasattr(value, "take")
-
-
 def _build_with_optimizer(model, x):
-    from ..keras_bridge import build_from_sample
-
     if not model.built:
         build_from_sample(model, x)
     if not model.optimizer.built:
