@@ -1,0 +1,86 @@
+"""Optimizer update rules as pure functions on numpy arrays (in place), matching Keras 3's.
+
+The parameter server applies the user's compiled optimizer with these: the same
+hyper-parameters, the same arithmetic as `keras.optimizers.SGD` / `Adam`. Any other
+optimizer, or an option these do not implement, is refused by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import OptionError
+
+_UNSUPPORTED_OPTIONS = ("weight_decay", "clipnorm", "clipvalue", "global_clipnorm", "use_ema")
+
+
+@dataclass
+class OptimizerSpec:
+    """The hyper-parameters of the user's optimizer, as plain values the PS can use."""
+
+    name: str
+    learning_rate: float
+    momentum: float = 0.0
+    nesterov: bool = False
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    epsilon: float = 1e-7
+    extra: dict = field(default_factory=dict)
+
+
+def spec_from_keras(optimizer) -> OptimizerSpec:
+    """Read SGD (momentum, Nesterov) or Adam from a compiled Keras optimizer; refuse the rest by name."""
+    kind = type(optimizer).__name__
+    if kind not in ("SGD", "Adam"):
+        raise OptionError(f"the parameter server applies SGD (with momentum / Nesterov) and Adam. Received: "
+                          f"optimizer={kind}. Compile with keras.optimizers.SGD or Adam, or use --strategy hfdt.")
+    for option in _UNSUPPORTED_OPTIONS:
+        value = getattr(optimizer, option, None)
+        if value not in (None, False, 0, 0.0):
+            raise OptionError(f"the parameter server does not implement `{option}`. Received: {option}={value!r}.")
+    if kind == "Adam" and getattr(optimizer, "amsgrad", False):
+        raise OptionError("the parameter server does not implement Adam's `amsgrad`. Received: amsgrad=True.")
+    lr = float(optimizer.learning_rate)
+    if kind == "SGD":
+        return OptimizerSpec("SGD", lr, momentum=float(optimizer.momentum), nesterov=bool(optimizer.nesterov))
+    return OptimizerSpec("Adam", lr, beta_1=float(optimizer.beta_1), beta_2=float(optimizer.beta_2),
+                         epsilon=float(optimizer.epsilon))
+
+
+def new_state(spec: OptimizerSpec, shape, dtype=np.float32) -> dict[str, np.ndarray]:
+    """The per-variable slots the rule keeps (momentum; Adam's first and second moments)."""
+    if spec.name == "SGD":
+        return {"m": np.zeros(shape, dtype)} if spec.momentum else {}
+    return {"m": np.zeros(shape, dtype), "v": np.zeros(shape, dtype)}
+
+
+def apply(spec: OptimizerSpec, w: np.ndarray, g: np.ndarray, state: dict, lr: float, step: int) -> None:
+    """One update of `w` in place with gradient `g`; `step` counts updates already applied (Keras' iterations)."""
+    if spec.name == "SGD":
+        _sgd(spec, w, g, state, lr)
+    else:
+        _adam(spec, w, g, state, lr, step)
+
+
+def _sgd(spec, w, g, state, lr):
+    if not spec.momentum:
+        w -= lr * g
+        return
+    m = state["m"]
+    m *= spec.momentum
+    m -= lr * g
+    if spec.nesterov:
+        w += spec.momentum * m - lr * g
+    else:
+        w += m
+
+
+def _adam(spec, w, g, state, lr, step):
+    t = step + 1
+    alpha = lr * np.sqrt(1 - spec.beta_2 ** t) / (1 - spec.beta_1 ** t)
+    m, v = state["m"], state["v"]
+    m += (g - m) * (1 - spec.beta_1)
+    v += (g * g - v) * (1 - spec.beta_2)
+    w -= (alpha * m / (np.sqrt(v) + spec.epsilon)).astype(w.dtype, copy=False)

@@ -1,0 +1,54 @@
+"""The PS update rules against Keras' own optimizers, step by step."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from nbdist.errors import OptionError
+from nbdist.ps import rules
+
+OPTIMIZERS = {
+    "sgd": lambda: keras.optimizers.SGD(0.1),
+    "momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+    "nesterov": lambda: keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True),
+    "adam": lambda: keras.optimizers.Adam(0.01, beta_1=0.8, beta_2=0.99, epsilon=1e-6),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_rule_matches_keras_over_steps(name):
+    rng = np.random.default_rng(1)
+    w0 = rng.normal(size=(5, 3)).astype(np.float32)
+    grads = [rng.normal(size=(5, 3)).astype(np.float32) for _ in range(6)]
+
+    optimizer = OPTIMIZERS[name]()
+    variable = keras.Variable(w0.copy())
+    for g in grads:
+        optimizer.apply([g], [variable])
+
+    spec = rules.spec_from_keras(OPTIMIZERS[name]())
+    w, state = w0.copy(), rules.new_state(spec, w0.shape)
+    for step, g in enumerate(grads):
+        rules.apply(spec, w, g, state, spec.learning_rate, step)
+    np.testing.assert_allclose(w, np.asarray(variable), rtol=1e-5, atol=1e-6)
+
+
+def test_hand_computed_momentum_step():
+    spec = rules.OptimizerSpec("SGD", 0.1, momentum=0.5)
+    w, state = np.array([1.0], np.float32), rules.new_state(rules.OptimizerSpec("SGD", 0.1, momentum=0.5), (1,))
+    rules.apply(spec, w, np.array([2.0], np.float32), state, 0.1, 0)  # m = -0.2, w = 0.8
+    rules.apply(spec, w, np.array([2.0], np.float32), state, 0.1, 1)  # m = 0.5 * -0.2 - 0.2 = -0.3, w = 0.5
+    assert w.tolist() == pytest.approx([0.5]) and state["m"].tolist() == pytest.approx([-0.3])
+
+
+@pytest.mark.parametrize("optimizer, match", [
+    (lambda: keras.optimizers.RMSprop(0.01), "Received: optimizer=RMSprop"),
+    (lambda: keras.optimizers.SGD(0.01, clipnorm=1.0), "`clipnorm`"),
+    (lambda: keras.optimizers.Adam(0.01, amsgrad=True), "amsgrad"),
+    (lambda: keras.optimizers.SGD(0.01, weight_decay=0.1), "`weight_decay`"),
+])
+def test_other_optimizers_and_options_are_refused_by_name(optimizer, match):
+    with pytest.raises(OptionError, match=match):
+        rules.spec_from_keras(optimizer())
