@@ -55,7 +55,7 @@ class NbdistMagics(Magics):
             %dist stop
         """
         args = _parse(self.dist, line)
-        _refuse_unused(args, args.action)
+        _refuse_unused(self.dist.parser, args)
         session = self.session
         if args.action == "start":
             n = 2 if args.n is None else args.n
@@ -140,12 +140,13 @@ def _is_number(text: str) -> bool:
 
 
 _DIST_ARGS_BY_ACTION = {"start": {"n", "engines", "profile"}, "connect": {"profile", "cluster_id", "file"}}
-_DIST_DEFAULTS = {"n": None, "engines": "local", "profile": None, "cluster_id": None, "file": None}
 
 
-def _refuse_unused(args, action):
-    used = _DIST_ARGS_BY_ACTION.get(action, set())
-    extra = [k for k, default in _DIST_DEFAULTS.items() if k not in used and getattr(args, k) != default]
+def _refuse_unused(parser, args):
+    """An option given a value that the chosen action does not read is an error, not ignored."""
+    used = _DIST_ARGS_BY_ACTION.get(args.action, set())
+    extra = [action.option_strings[0] for action in parser._actions
+             if action.option_strings and action.dest not in used | {"help"}
+             and getattr(args, action.dest) != action.default]
     if extra:
-        flags = ", ".join(("-n" if k == "n" else "--" + k.replace("_", "-")) for k in extra)
-        raise UsageError(f"{flags} does not apply to %dist {action}; see %dist?")
+        raise UsageError(f"{', '.join(extra)} does not apply to %dist {args.action}; see %dist?")
