@@ -92,8 +92,8 @@ def run_training_cell(spec: dict) -> list:
     started = time.time()
     reporters = []
 
-    def make_reporter(batch_size):
-        reporter = keras_reporter(spec["run"], spec["rank"], batch_size, publish=publish_data)
+    def make_reporter(batch_size, **options):
+        reporter = keras_reporter(spec["run"], spec["rank"], batch_size, publish=publish_data, **options)
         reporters.append(reporter)
         return reporter
 

@@ -46,3 +46,7 @@ class DefinitionFailed(EngineFailure):
 
 class EngineDied(EngineFailure):
     """An engine process died (or stopped answering) during a run."""
+
+
+class ParameterServerFailed(NbdistError):
+    """A parameter-server shard died or stopped answering; the last checkpoint's weights are kept."""

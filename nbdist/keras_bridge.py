@@ -154,6 +154,14 @@ def _install_optimizer_state(model, values):
         variable.assign(value)
 
 
+def build_for_training(model, x) -> None:
+    """Make sure `model` and its optimizer have their variables (a subclassed model is called on `x[:1]`)."""
+    if not model.built:
+        build_from_sample(model, x)
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+
+
 def build_from_sample(model, sample_input):
     """Build a subclassed model by calling it once on one example of the training input."""
     if sample_input is None:

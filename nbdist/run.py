@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from . import engine, errors
 from .cluster import ClusterHandle
 from .keras_bridge import FitResult
+from .telemetry import make_record
 
 POLL_S = 0.25
 STOP_TIMEOUT_S = 20  # engines get this long to stop after an interrupt before we give up waiting
@@ -28,6 +29,9 @@ class Run:
         results: per-worker list of `FitResult`, one per `fit` call of the cell.
         error: the message of a failed or interrupted run.
         logs: engine id -> captured stdout and stderr.
+        events: what happened to the run besides training (a worker died, a checkpoint resumed), with times.
+        checkpoint: the last parameter-server checkpoint ({"path", "version", "saved_at", "weights"}).
+        ps: each parameter-server shard's counters and push log (PS strategies).
     """
 
     strategy: str
@@ -42,11 +46,15 @@ class Run:
     error: str | None = None
     logs: dict[int, str] = field(default_factory=dict)
     progress: dict[int, dict] = field(default_factory=dict)
+    events: list[dict] = field(default_factory=list)
+    checkpoint: dict | None = None
+    ps: list[dict] = field(default_factory=list)
 
     @property
     def fits(self) -> list[FitResult]:
-        """The results of rank 0, one per `fit` call: what the notebook's model receives."""
-        return self.results.get(self.workers[0], []) if self.workers else []
+        """The results of the first worker (in rank order) that finished, one per `fit` call:
+        what the notebook's model receives."""
+        return next((self.results[eid] for eid in self.workers if self.results.get(eid)), [])
 
     @property
     def history(self) -> dict:
@@ -54,7 +62,26 @@ class Run:
 
     @property
     def weights(self) -> list:
-        return self.fits[-1].weights if self.fits else []
+        """The trained weights; for a failed parameter-server run, those of its last checkpoint."""
+        if self.fits:
+            return self.fits[-1].weights
+        return (self.checkpoint or {}).get("weights") or []
+
+    @property
+    def push_records(self) -> list[dict]:
+        """One metrics record per push the first PS shard saw (DESIGN.md section 8, PS fields set)."""
+        if not self.ps:
+            return []
+        shard = self.ps[0]
+        fields = shard["log_fields"]
+        records = []
+        for entry in shard["log"]:
+            e = dict(zip(fields, entry))
+            records.append(make_record(run=self.id, worker=e["worker"], step=e["step"], t=e["t"],
+                                       staleness=e["staleness"], version=e["version"], phase="push",
+                                       applied=e["outcome"] == "applied", dropped=e["outcome"] == "dropped",
+                                       rejected=str(e["outcome"]).startswith("rejected")))
+        return records
 
     @property
     def metrics(self) -> list[dict]:
@@ -67,6 +94,9 @@ class Run:
         if self.started_at is None:
             return None
         return (self.ended_at or time.time()) - self.started_at
+
+    def events_of(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e["event"] == kind]
 
     def __repr__(self):
         return f"<Run {self.id} {self.strategy} on engines {self.workers}: {self.status}>"
@@ -85,7 +115,7 @@ def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None) -> Run
     try:
         config = strategy.prepare(run, cluster)
         pending = _submit(run, cluster, config)
-        _wait(run, cluster, pending, on_progress)
+        _wait(run, cluster, strategy, pending, on_progress)
         run.status = "done"
     except KeyboardInterrupt:
         run.status, run.error = "interrupted", f"interrupted; {_stop_workers(cluster, pending)}"
@@ -107,7 +137,7 @@ def _submit(run: Run, cluster: ClusterHandle, config: dict) -> dict:
             for rank, eid in enumerate(run.workers)}
 
 
-def _wait(run: Run, cluster: ClusterHandle, pending: dict, on_progress) -> None:
+def _wait(run: Run, cluster: ClusterHandle, strategy, pending: dict, on_progress) -> None:
     waiting = dict(pending)
     while waiting:
         next(iter(waiting.values())).wait(POLL_S)
@@ -115,15 +145,24 @@ def _wait(run: Run, cluster: ClusterHandle, pending: dict, on_progress) -> None:
         for eid, ar in list(waiting.items()):
             if ar.data:
                 run.progress[eid] = dict(ar.data)
-            if ar.ready():
-                del waiting[eid]
-                run.logs[eid] = _logs(ar)
-                run.results[eid] = _result(run, cluster, eid, ar)
-            elif not cluster.is_alive(eid, alive):
-                raise errors.EngineDied(
-                    f"{cluster.info(eid).label()} died during run {run.id} "
-                    f"after {time.time() - run.started_at:.1f} s; the run was stopped on the other engines."
-                )
+            try:
+                if ar.ready():
+                    del waiting[eid]
+                    run.logs[eid] = _logs(ar)
+                    run.results[eid] = _result(run, cluster, eid, ar)
+                elif not cluster.is_alive(eid, alive):
+                    raise errors.EngineDied(
+                        f"{cluster.info(eid).label()} died during run {run.id} "
+                        f"after {time.time() - run.started_at:.1f} s; the run was stopped on the other engines."
+                    )
+            except errors.EngineDied:
+                if not strategy.survives_worker_loss or len(run.events_of("worker_died")) + 1 >= len(pending):
+                    raise
+                waiting.pop(eid, None)
+                run.events.append({"t": time.time(), "event": "worker_died", "engine": eid,
+                                   "rank": run.workers.index(eid), "host": cluster.info(eid).host,
+                                   "after_s": round(time.time() - run.started_at, 2)})
+        strategy.check(run)
         if on_progress is not None:
             on_progress(run)
 

@@ -125,6 +125,9 @@ class Session:
         finally:
             if progress is not None:
                 progress.close()
+        for event in run.events_of("worker_died"):
+            print(f"nbdist: worker rank {event['rank']} (engine {event['engine']}, host {event['host']}) died "
+                  f"{event['after_s']:.1f} s into run {run.id}; the run finished with the other workers.")
         self.replay_locally(run)
         return run
 

@@ -72,3 +72,29 @@ def shard_dataset(dataset, rank: int, size: int, steps: int | None):
         raise OptionError(f"the dataset has {cardinality} batches, fewer than the {size} workers; use fewer --workers.")
     shard = dataset.shard(size, rank).take(per_rank)
     return (shard.repeat() if steps is not None else shard), steps
+
+
+def shard_fit_data(request, rank: int, size: int) -> dict:
+    """The `fit` arguments for one worker: x, y, validation_data and steps_per_epoch of its shard.
+
+    `validation_split` is taken before sharding (Keras' own split); the validation data is
+    sharded like the training data.
+    """
+    from .keras_bridge import is_dataset
+
+    x, y, validation = request.x, request.y, request.validation_data
+    steps = request.steps_per_epoch
+    if request.validation_split:
+        if is_dataset(x):
+            raise OptionError("validation_split needs numpy inputs; give validation_data with a tf.data.Dataset.")
+        (x, y), validation = split_validation(x, y, request.validation_split)
+    if is_dataset(x):
+        x, steps = shard_dataset(x, rank, size, steps)
+    else:
+        x, y = shard_arrays(x, y, rank, size)
+    if validation is not None:
+        if is_dataset(validation):
+            validation, _ = shard_dataset(validation, rank, size, None)
+        else:
+            validation = shard_arrays(validation[0], validation[1], rank, size)
+    return {"x": x, "y": y, "validation_data": validation, "validation_split": 0.0, "steps_per_epoch": steps}

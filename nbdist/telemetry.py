@@ -21,11 +21,12 @@ def make_record(**values) -> dict:
 
 
 def keras_reporter(run_id: str, worker: int, batch_size: int | None, publish=None,
-                   interval_s: float = 0.5, phase: str = "train"):
+                   interval_s: float = 0.5, phase: str = "train", extra=None):
     """A Keras callback that records progress at most every `interval_s` and publishes the latest.
 
     `publish(dict)` sends the latest state to the kernel (ipyparallel's datapub on an
     engine); the full list of records stays in `callback.records` for the result.
+    `extra()` returns strategy-measured fields (staleness, bytes_sent, comm_s) for each record.
     """
     import keras
 
@@ -72,7 +73,8 @@ def keras_reporter(run_id: str, worker: int, batch_size: int | None, publish=Non
                 run=run_id, worker=worker, host=self.host, step=self._step, epoch=self._epoch, t=now,
                 loss=_float(logs.get("loss")), samples=self._samples if batch_size else None,
                 samples_per_s=(self._samples - self._last_samples) / elapsed if batch_size else None,
-                staleness=0, lr=_learning_rate(self.model), phase=phase,
+                **{"staleness": 0, "lr": _learning_rate(self.model), "phase": phase,
+                   **(extra() if extra is not None else {})},
             )
             self.records.append(record)
             self._last_t, self._last_samples = now, self._samples

@@ -7,7 +7,9 @@ optimizer, or an option these do not implement, is refused by name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -27,7 +29,7 @@ class OptimizerSpec:
     beta_1: float = 0.9
     beta_2: float = 0.999
     epsilon: float = 1e-7
-    extra: dict = field(default_factory=dict)
+    schedule: dict | None = None  # a Keras LearningRateSchedule, serialised; followed by update count
 
 
 def spec_from_keras(optimizer) -> OptimizerSpec:
@@ -42,11 +44,38 @@ def spec_from_keras(optimizer) -> OptimizerSpec:
             raise OptionError(f"the parameter server does not implement `{option}`. Received: {option}={value!r}.")
     if kind == "Adam" and getattr(optimizer, "amsgrad", False):
         raise OptionError("the parameter server does not implement Adam's `amsgrad`. Received: amsgrad=True.")
-    lr = float(optimizer.learning_rate)
+    lr, schedule = _learning_rate_of(optimizer)
     if kind == "SGD":
-        return OptimizerSpec("SGD", lr, momentum=float(optimizer.momentum), nesterov=bool(optimizer.nesterov))
+        return OptimizerSpec("SGD", lr, momentum=float(optimizer.momentum), nesterov=bool(optimizer.nesterov),
+                             schedule=schedule)
     return OptimizerSpec("Adam", lr, beta_1=float(optimizer.beta_1), beta_2=float(optimizer.beta_2),
-                         epsilon=float(optimizer.epsilon))
+                         epsilon=float(optimizer.epsilon), schedule=schedule)
+
+
+def _learning_rate_of(optimizer) -> tuple[float, dict | None]:
+    import keras
+
+    value = getattr(optimizer, "_learning_rate", None)
+    if isinstance(value, keras.optimizers.schedules.LearningRateSchedule):
+        return float(value(0)), keras.saving.serialize_keras_object(value)
+    if callable(value) and not hasattr(value, "numpy"):
+        raise OptionError("the parameter server follows a constant learning rate or a "
+                          "keras.optimizers.schedules.LearningRateSchedule; a plain callable cannot be sent to it.")
+    return float(optimizer.learning_rate), None
+
+
+def learning_rate(spec: OptimizerSpec, step: int) -> float:
+    """The learning rate of update number `step` (0-based), following the user's schedule if any."""
+    if spec.schedule is None:
+        return spec.learning_rate
+    return float(_schedule(json.dumps(spec.schedule, sort_keys=True))(step))
+
+
+@lru_cache(maxsize=4)
+def _schedule(serialised: str):
+    import keras  # only a PS that follows a schedule pays for importing Keras
+
+    return keras.saving.deserialize_keras_object(json.loads(serialised))
 
 
 def new_state(spec: OptimizerSpec, shape, dtype=np.float32) -> dict[str, np.ndarray]:

@@ -6,6 +6,7 @@ from ..errors import OptionError
 from .base import Option, Strategy, Worker
 from .hfdt import HfdtStrategy
 from .local import LocalStrategy
+from .nfdt import NfdtStrategy
 
 # Options every strategy reads; the magic shows them first.
 COMMON_OPTIONS = (
@@ -28,9 +29,26 @@ STRATEGY_OPTIONS: dict[str, Option] = {
     "warmup_epochs": Option(("--warmup-epochs",), "ramp the scaled learning rate up over this many epochs "
                             "(default 0: scaled from the first step)", (("type", float), ("default", 0.0),
                                                                        ("metavar", "E"))),
+    "ps_shards": Option(("--ps-shards",), "number of parameter-server shards; variables are spread over them "
+                        "balanced by size (default 1)", (("type", int), ("default", 1), ("metavar", "S"))),
+    "ps_on": Option(("--ps-on",), "where the parameter-server shards run: notebook (this host, the default) or "
+                    "engines (one per worker host, round robin: for multi-host scale)",
+                    (("default", "notebook"), ("choices", ("notebook", "engines")))),
+    "max_staleness": Option(("--max-staleness",), "stale-synchronous bound: a worker whose pushed steps would "
+                            "lead the slowest live worker's by more than max(s, 1) waits; 0 is lock-step "
+                            "(default: unbounded)", (("type", int), ("metavar", "s"))),
+    "checkpoint_every": Option(("--checkpoint-every",), "save the parameter server's weights and optimizer "
+                               "state every this many seconds, and at the end (default 30)",
+                               (("type", float), ("default", 30.0), ("metavar", "SECONDS"))),
+    "checkpoint_dir": Option(("--checkpoint-dir",), "where checkpoints go, as run-N.npz (default "
+                             "nbdist-checkpoints, next to the notebook)",
+                             (("default", "nbdist-checkpoints"), ("metavar", "DIR"))),
+    "resume": Option(("--resume",), "start from the newest checkpoint in --checkpoint-dir (or from PATH) "
+                     "instead of the model's initial weights", (("nargs", "?"), ("const", "latest"),
+                                                                 ("metavar", "PATH"))),
 }
 
-REGISTRY: dict[str, type[Strategy]] = {cls.name: cls for cls in (LocalStrategy, HfdtStrategy)}
+REGISTRY: dict[str, type[Strategy]] = {cls.name: cls for cls in (LocalStrategy, HfdtStrategy, NfdtStrategy)}
 
 
 def strategy_names() -> list[str]:

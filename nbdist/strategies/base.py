@@ -70,6 +70,7 @@ class Strategy:
     min_workers: ClassVar[int] = 1
     max_workers: ClassVar[int | None] = None
     default_workers: ClassVar[int | None] = None  # None: every available engine
+    survives_worker_loss: ClassVar[bool] = False  # True: a dead worker is reported, the others finish
 
     def __init__(self, options: dict):
         self.options = options
@@ -109,6 +110,9 @@ class Strategy:
         May reorder `run.workers`: their order is the rank order.
         """
         return {}
+
+    def check(self, run) -> None:
+        """Called while the run waits: raise an `NbdistError` when a service the run needs has failed."""
 
     def finish(self, run) -> None:
         """Stop what `prepare` started; called once whatever the run's outcome."""

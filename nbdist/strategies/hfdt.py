@@ -11,9 +11,9 @@ import contextlib
 import os
 
 from ..errors import ClusterError, OptionError
-from ..keras_bridge import build_from_sample, is_dataset
+from ..keras_bridge import build_for_training
 from ..rendezvous import Rendezvous, host_plan, rendezvous_address, require_horovod
-from ..sharding import shard_arrays, shard_dataset, split_validation
+from ..sharding import shard_fit_data
 from .base import Strategy, Worker
 
 
@@ -44,8 +44,8 @@ class HfdtWorker(Worker):
         model, optimizer = request.model, request.model.optimizer
         original_apply = optimizer.apply_gradients
         try:
-            data = self._shard(request)
-            _build_with_optimizer(model, data["x"])
+            data = shard_fit_data(request, self.rank, self.size)
+            build_for_training(model, data["x"])
             _broadcast_from_rank0(hvd, list(model.variables) + list(optimizer.variables))
             optimizer.apply_gradients = _allreduced(hvd, original_apply, self.options.get("compression"))
             model.jit_compile = False  # XLA cannot compile Horovod's ops
@@ -85,25 +85,6 @@ class HfdtWorker(Worker):
             raise ClusterError(f"Horovod gave rank {hvd.rank()}/{hvd.size()}, expected {self.rank}/{self.size}")
         return hvd
 
-    def _shard(self, request) -> dict:
-        """x, y, validation_data and steps_per_epoch for this rank (validation_split done here)."""
-        x, y, validation = request.x, request.y, request.validation_data
-        steps = request.steps_per_epoch
-        if request.validation_split:
-            if is_dataset(x):
-                raise OptionError("validation_split needs numpy inputs; give validation_data with a tf.data.Dataset.")
-            (x, y), validation = split_validation(x, y, request.validation_split)
-        if is_dataset(x):
-            x, steps = shard_dataset(x, self.rank, self.size, steps)
-        else:
-            x, y = shard_arrays(x, y, self.rank, self.size)
-        if validation is not None:
-            if is_dataset(validation):
-                validation, _ = shard_dataset(validation, self.rank, self.size, None)
-            else:
-                validation = shard_arrays(validation[0], validation[1], self.rank, self.size)
-        return {"x": x, "y": y, "validation_data": validation, "validation_split": 0.0, "steps_per_epoch": steps}
-
     def _lr_callbacks(self, optimizer) -> list:
         if self.options.get("scale_lr", "linear") == "none" or self.size == 1:
             return []
@@ -130,13 +111,6 @@ def interface_towards(address: str, port: int) -> str:
     if local_ip.startswith("127."):
         return "lo"
     raise ClusterError(f"no network interface holds {local_ip}, the address this engine uses to reach {address}")
-
-
-def _build_with_optimizer(model, x):
-    if not model.built:
-        build_from_sample(model, x)
-    if not model.optimizer.built:
-        model.optimizer.build(model.trainable_variables)
 
 
 def _broadcast_from_rank0(hvd, variables) -> None:

@@ -1,0 +1,134 @@
+"""Talking to the parameter-server shards: one request to every shard at once, bounded waits.
+
+A request may legitimately wait long (the staleness bound holds a fast worker back), so
+"the PS is gone" is decided by a separate heartbeat: each shard must answer a ping at
+least every `ps_timeout_s`, or the request fails with `PsUnavailable`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import zmq
+
+from ..errors import NbdistError
+from . import wire
+
+PING_INTERVAL_S = 0.5
+PS_TIMEOUT_S = 10.0
+
+
+class PsUnavailable(NbdistError):
+    """A parameter-server shard stopped answering (its process died or its host is unreachable)."""
+
+
+class PsRefused(NbdistError):
+    """A shard answered a request with `rejected` or `error`."""
+
+
+class PsClient:
+    """A worker's (or the kernel's) connection to every shard of one run.
+
+    Args:
+        addresses: ``tcp://host:port`` of each shard, in shard order.
+        key: the run's HMAC key.
+        worker: this worker's rank, or ``"controller"`` for the kernel.
+        heartbeat: ping the shards from a background thread (workers: so the PS knows they
+            live; everyone: so a dead PS is noticed while a request waits).
+    """
+
+    def __init__(self, addresses: list[str], key: bytes, worker, heartbeat: bool = True,
+                 ps_timeout_s: float = PS_TIMEOUT_S):
+        self.addresses, self.key, self.worker, self.ps_timeout_s = list(addresses), key, worker, ps_timeout_s
+        self.context = zmq.Context()
+        self.sockets = [self._connect(a) for a in self.addresses]
+        self.last_answer = [time.time()] * len(self.addresses)
+        self.bytes_sent = 0
+        self.comm_s = 0.0
+        self._stop = threading.Event()
+        self._pinger = None
+        if heartbeat:
+            self._pinger = threading.Thread(target=self._ping_loop, name="nbdist-ps-heartbeat", daemon=True)
+            self._pinger.start()
+
+    def _connect(self, address: str):
+        socket = self.context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect(address)
+        return socket
+
+    def request(self, kind: str, per_shard: list[dict] | None = None, fields_per_shard: list[dict] | None = None,
+                **fields) -> list[wire.Message]:
+        """Send `kind` to every shard (arrays `per_shard[i]`, header fields `fields_per_shard[i]` and
+        `fields` to shard i) and wait for every answer."""
+        started = time.time()
+        for i, socket in enumerate(self.sockets):
+            own = fields_per_shard[i] if fields_per_shard else {}
+            frames = wire.encode(self.key, kind, per_shard[i] if per_shard else None, worker=self.worker,
+                                 **fields, **own)
+            self.bytes_sent += sum(len(f) for f in frames)
+            socket.send_multipart(frames, copy=len(frames) < 3)
+        replies: list = [None] * len(self.sockets)
+        poller = zmq.Poller()
+        for socket in self.sockets:
+            poller.register(socket, zmq.POLLIN)
+        while any(r is None for r in replies):
+            ready = dict(poller.poll(250))
+            for i, socket in enumerate(self.sockets):
+                if ready.get(socket):
+                    replies[i] = self._answer(i, socket.recv_multipart(copy=False))
+                    self.last_answer[i] = time.time()
+            self._check_alive(replies)
+        self.comm_s += time.time() - started
+        return replies
+
+    def _answer(self, shard: int, frames) -> wire.Message:
+        message = wire.decode(self.key, frames)
+        if message.kind in ("rejected", "error"):
+            detail = message.header.get("detail") or message.header.get("message") or message.header.get("reason")
+            raise PsRefused(f"parameter-server shard {shard} refused the request: {detail}")
+        return message
+
+    def _check_alive(self, replies) -> None:
+        now = time.time()
+        for i, reply in enumerate(replies):
+            if reply is None and now - self.last_answer[i] > self.ps_timeout_s:
+                raise PsUnavailable(f"parameter-server shard {i} at {self.addresses[i]} has not answered for "
+                                    f"{now - self.last_answer[i]:.0f} s; its process died or its host is unreachable.")
+
+    def _ping_loop(self) -> None:
+        sockets = [self._connect(a) for a in self.addresses]
+        try:
+            while not self._stop.wait(PING_INTERVAL_S):
+                for i, socket in enumerate(sockets):
+                    while socket.poll(0):
+                        socket.recv_multipart()
+                        self.last_answer[i] = time.time()
+                    socket.send_multipart(wire.encode(self.key, "heartbeat", worker=self.worker))
+        finally:
+            for socket in sockets:
+                socket.close(linger=0)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._pinger is not None:
+            self._pinger.join(timeout=2)
+        for socket in self.sockets:
+            socket.close(linger=0)
+        self.context.term()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def merged(replies: list[wire.Message]) -> dict[str, np.ndarray]:
+    """The arrays of every shard's reply, in one dict."""
+    arrays: dict[str, np.ndarray] = {}
+    for reply in replies:
+        arrays.update(reply.arrays)
+    return arrays

@@ -1,0 +1,313 @@
+"""One parameter-server shard: a process that owns some variables and applies workers' pushes.
+
+Run as ``python -m nbdist.ps.server`` with a JSON config on stdin (the per-run key among
+it, so it never shows in a process list); prints ``READY <port>`` once bound. Every
+message in or out is a `wire` message; anything that fails a check is answered with
+``rejected``, counted and logged to stderr, and never applied.
+
+Consistency (DESIGN.md section 5, exact reading in docs/strategies/nfdt.md): with
+``max_staleness`` s, a push is applied only when, counted with it, its worker's pushed
+steps lead the slowest live worker's by at most max(s, 1); with s = 0 the reply (the new
+weights) is also held until every live worker has pushed as many steps: lock-step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from . import rules, wire
+
+HEARTBEAT_TIMEOUT_S = 5.0
+LOG_LIMIT = 500_000  # push-log entries kept; past it the log stops growing (counters go on)
+CONTROLLER = "controller"
+CONTROLLER_KINDS = {"state", "stats", "restore", "stop", "heartbeat"}
+LOG_FIELDS = ("t", "worker", "step", "version", "staleness", "outcome", "lead")
+
+
+@dataclass
+class WorkerState:
+    pushed: int = 0
+    last_seen: float | None = None  # None until its first message: importing TensorFlow is not death
+    alive: bool = True
+    done: bool = False
+    died_at: float | None = None
+
+
+class Shard:
+    """The state and rules of one shard; `handle` maps one decoded message to its replies."""
+
+    def __init__(self, config: dict):
+        self.index: int = config.get("shard", 0)
+        self.max_staleness: int | None = config.get("max_staleness")
+        self.heartbeat_timeout_s: float = config.get("heartbeat_timeout_s", HEARTBEAT_TIMEOUT_S)
+        self.max_bytes: int = config.get("max_bytes", wire.DEFAULT_MAX_BYTES)
+        self.workers = {k: WorkerState() for k in range(config["workers"])}
+        self.variables: dict[str, np.ndarray] = {}
+        self.slots: dict[str, dict[str, np.ndarray]] = {}
+        self.frozen: dict[str, np.ndarray] = {}
+        self.layout: list = []
+        self.spec: rules.OptimizerSpec | None = None
+        self.version = 0
+        self.restored: dict | None = None
+        self.counts = Counter(applied=0, acked=0, dropped=0, rejected=0)
+        self.rejections: Counter = Counter()
+        self.log: list[list] = []
+        self.events: list[dict] = []
+        self.waiting: list[tuple[bytes, wire.Message]] = []  # held pulls, pushes and dones, in arrival order
+        self.held_replies: list[tuple[bytes, int, int]] = []  # (ident, worker, pushed) under s = 0
+        self.stopping = False
+
+    # -- checks ------------------------------------------------------------------------
+    @property
+    def initialised(self) -> bool:
+        return bool(self.variables)
+
+    def live(self) -> list[int]:
+        return [k for k, w in self.workers.items() if w.alive and not w.done]
+
+    def slowest(self) -> int | None:
+        counts = [self.workers[k].pushed for k in self.live()]
+        return min(counts) if counts else None
+
+    def lead(self) -> int:
+        counts = [self.workers[k].pushed for k in self.live()]
+        return max(counts) - min(counts) if counts else 0
+
+    def expected(self) -> dict:
+        return {name: (v.shape, v.dtype.name) for name, v in self.variables.items()}
+
+    def worker_of(self, message: wire.Message) -> int:
+        worker = message.header.get("worker")
+        if worker == CONTROLLER and message.kind in CONTROLLER_KINDS:
+            return -1
+        if not isinstance(worker, int) or worker not in self.workers:
+            raise wire.Rejected("unknown_worker", f"worker {worker!r}")
+        if not self.workers[worker].alive:
+            raise wire.Rejected("unknown_worker", f"worker {worker} was dropped as dead")
+        return worker
+
+    # -- messages ----------------------------------------------------------------------
+    def handle(self, ident: bytes, message: wire.Message) -> list:
+        """Replies as (ident, kind, arrays, fields); held requests are answered later by `release`."""
+        worker = self.worker_of(message)
+        if worker >= 0:
+            self.workers[worker].last_seen = time.time()
+        kind = message.kind
+        if kind == "heartbeat":
+            return [(ident, "pong", None, {"version": self.version})]
+        if kind == "init":
+            return [(ident, *self._init(message)), *self.release()]
+        if kind == "push":
+            if not self.initialised:
+                raise wire.Rejected("malformed", "push before init")
+            wire.check_arrays(message.arrays, self.expected())
+            if not isinstance(message.header.get("version"), int):
+                raise wire.Rejected("malformed", "push without the version its gradient was computed on")
+        if kind == "done":
+            self.workers[worker].done = True
+        if kind == "pull":  # the start of a (next) fit call
+            self.workers[worker].done = False
+        if kind in ("pull", "push", "done"):
+            self.waiting.append((ident, message))
+            return self.release()
+        if kind == "state":
+            return [(ident, "state", self._state_arrays(), self._summary())]
+        if kind == "stats":
+            return [(ident, "stats", None, {**self._summary(), "log_fields": LOG_FIELDS, "log": self.log,
+                                             "events": self.events})]
+        if kind == "restore":
+            self.restored = {"arrays": {k: np.array(v) for k, v in message.arrays.items()},
+                             "version": int(message.header.get("version", 0))}
+            return [(ident, "ok", None, {})]
+        if kind == "stop":
+            self.stopping = True
+            return [(ident, "ok", None, {})]
+        raise wire.Rejected("malformed", f"unknown kind {kind!r}")
+
+    def _init(self, message: wire.Message):
+        trainable = set(message.header.get("trainable") or [])
+        names = [n for n in message.arrays if n in trainable]
+        if self.initialised:  # resumed, or a later fit of the same cell: the PS keeps its state
+            if sorted(names) != sorted(self.variables):
+                return "error", None, {"message": f"shard {self.index} holds {sorted(self.variables)[:3]}..., "
+                                                  f"this model has {sorted(names)[:3]}...; the model changed "
+                                                  "between fit calls of one run"}
+            return "ok", None, {"version": self.version, "kept": True}
+        source = message.arrays
+        if self.restored is not None:
+            source = self.restored["arrays"]
+            missing = [n for n in names if n not in source]
+            if missing:
+                return "error", None, {"message": f"the checkpoint has no variable(s) {missing[:3]}; it was "
+                                                  "saved from another model"}
+            self.version = self.restored["version"]
+        self.spec = rules.OptimizerSpec(**message.header["optimizer"])
+        for name in names:
+            value = np.array(source[name], dtype=message.arrays[name].dtype)
+            if value.shape != message.arrays[name].shape:
+                return "error", None, {"message": f"checkpoint {name} has shape {value.shape}, the model "
+                                                  f"{message.arrays[name].shape}"}
+            self.variables[name] = value
+            fresh = rules.new_state(self.spec, value.shape, value.dtype)
+            self.slots[name] = {s: np.array(source.get(f"{name}:{s}", fresh[s]), value.dtype) for s in fresh}
+        self.frozen = {k: np.array(v) for k, v in message.arrays.items() if k not in self.variables}
+        self.layout = message.header.get("layout") or []
+        self.events.append({"t": time.time(), "event": "init", "version": self.version,
+                            "resumed": self.restored is not None})
+        return "ok", None, {"version": self.version, "kept": False}
+
+    def release(self) -> list:
+        """Answer every held request whose condition now holds (repeat: one release can free others)."""
+        replies, progressed = [], True
+        while progressed:
+            progressed = False
+            for item in list(self.waiting):
+                reply = self._try(*item)
+                if reply is not None:
+                    self.waiting.remove(item)
+                    replies += reply
+                    progressed = True
+            for held in list(self.held_replies):
+                ident, worker, pushed = held
+                slowest = self.slowest()
+                if slowest is None or pushed <= slowest or not self.workers[worker].alive:
+                    self.held_replies.remove(held)
+                    replies.append((ident, "weights", dict(self.variables), {"version": self.version}))
+                    progressed = True
+        return replies
+
+    def _try(self, ident: bytes, message: wire.Message):
+        worker = message.header.get("worker")
+        if not self.workers[worker].alive:
+            return []  # dropped as dead while waiting: nobody to answer
+        if message.kind == "pull":
+            if not self.initialised:
+                return None
+            return [(ident, "weights", dict(self.variables), {"version": self.version})]
+        if message.kind == "done":  # the end-of-fit barrier: answered once no live worker is still training
+            return None if self.live() else [(ident, "weights", dict(self.variables), {"version": self.version})]
+        return self._try_push(ident, worker, message)
+
+    def _try_push(self, ident, worker, message):
+        state = self.workers[worker]
+        bound = self.max_staleness
+        if bound is not None:
+            others = [self.workers[k].pushed for k in self.live() if k != worker]
+            if others and state.pushed + 1 - min(others) > max(bound, 1):
+                return None
+        staleness = self.version - message.header["version"]
+        lr = rules.learning_rate(self.spec, self.version)
+        for name, gradient in message.arrays.items():
+            rules.apply(self.spec, self.variables[name], gradient, self.slots[name], lr, self.version)
+        self.version += 1
+        state.pushed += 1
+        self.counts["applied"] += 1
+        self._log(worker, message.header.get("step"), staleness, "applied")
+        if bound == 0:
+            slowest = self.slowest()
+            if slowest is not None and state.pushed > slowest:
+                self.held_replies.append((ident, worker, state.pushed))
+                self.counts["acked"] += 1
+                return []
+        self.counts["acked"] += 1
+        return [(ident, "weights", dict(self.variables), {"version": self.version, "staleness": staleness})]
+
+    def _log(self, worker, step, staleness, outcome):
+        if len(self.log) < LOG_LIMIT:
+            self.log.append([round(time.time(), 4), worker, step, self.version, staleness, outcome, self.lead()])
+
+    def reject(self, reason: str, detail: str, worker=None) -> None:
+        self.counts["rejected"] += 1
+        self.rejections[reason] += 1
+        if isinstance(worker, int) and worker in self.workers:
+            self._log(worker, None, None, f"rejected:{reason}")
+        print(f"nbdist-ps shard {self.index}: rejected {reason} ({detail}) from worker {worker!r}",
+              file=sys.stderr, flush=True)
+
+    def check_heartbeats(self, now: float) -> list:
+        """Drop workers silent for longer than the heartbeat timeout; answer what that frees."""
+        dropped = False
+        for k, w in self.workers.items():
+            if w.alive and not w.done and w.last_seen is not None and now - w.last_seen > self.heartbeat_timeout_s:
+                w.alive, w.died_at, dropped = False, now, True
+                self.events.append({"t": now, "event": "worker_dropped", "worker": k, "pushed": w.pushed,
+                                    "silent_s": round(now - w.last_seen, 2)})
+                print(f"nbdist-ps shard {self.index}: worker {k} silent for {now - w.last_seen:.1f} s, dropped",
+                      file=sys.stderr, flush=True)
+        return self.release() if dropped else []
+
+    def _summary(self) -> dict:
+        return {"shard": self.index, "version": self.version, "counts": dict(self.counts),
+                "rejections": dict(self.rejections), "layout": self.layout, "names": list(self.variables),
+                "optimizer": asdict(self.spec) if self.spec else None,
+                "workers": {k: {"pushed": w.pushed, "alive": w.alive, "done": w.done, "died_at": w.died_at}
+                            for k, w in self.workers.items()}}
+
+    def _state_arrays(self) -> dict:
+        arrays = dict(self.variables)
+        for name, slots in self.slots.items():
+            arrays.update({f"{name}:{s}": v for s, v in slots.items()})
+        arrays.update(self.frozen)
+        return arrays
+
+
+def serve(config: dict, key: bytes, ready=print) -> None:
+    """Bind, announce the port through `ready`, and answer messages until told to stop."""
+    import zmq
+
+    shard = Shard(config)
+    context = zmq.Context()
+    socket = context.socket(zmq.ROUTER)
+    socket.setsockopt(zmq.LINGER, 1000)
+    port = socket.bind_to_random_port(f"tcp://{config.get('bind', '127.0.0.1')}")
+    ready(f"READY {port}")
+    parent = os.getppid()
+    poller = zmq.Poller()
+    poller.register(socket, zmq.POLLIN)
+
+    def send(replies):
+        for ident, kind, arrays, fields in replies:
+            socket.send_multipart([ident, *wire.encode(key, kind, arrays, **fields)])
+
+    try:
+        while not shard.stopping:
+            if poller.poll(200):
+                frames = socket.recv_multipart(copy=False)
+                ident, body = frames[0].bytes, frames[1:]
+                try:
+                    message = wire.decode(key, body, max_bytes=shard.max_bytes)
+                    send(shard.handle(ident, message))
+                except wire.Rejected as exc:
+                    worker = _claimed_worker(body)
+                    shard.reject(exc.reason, str(exc), worker)
+                    send([(ident, "rejected", None, {"reason": exc.reason, "detail": str(exc)[:300]})])
+            send(shard.check_heartbeats(time.time()))
+            if os.getppid() != parent:  # whoever started us is gone: do not linger as an orphan
+                break
+    finally:
+        socket.close()
+        context.term()
+
+
+def _claimed_worker(frames):
+    try:
+        return json.loads(bytes(frames[0].buffer if hasattr(frames[0], "buffer") else frames[0])).get("worker")
+    except Exception:  # the claim of a malformed message is only for the log
+        return None
+
+
+def main() -> None:
+    config = json.loads(sys.stdin.readline())
+    key = bytes.fromhex(config.pop("key"))
+    serve(config, key, ready=lambda line: print(line, flush=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""The parameter server of one run, seen from the kernel: its shards, their health, checkpoints."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+from ..errors import NbdistError
+from . import checkpoint, launcher, wire
+from .client import PsClient, PsUnavailable, merged
+from .server import CONTROLLER
+
+MONITOR_INTERVAL_S = 1.0
+ENGINE_CALL_TIMEOUT_S = 60
+
+
+@dataclass
+class ShardProcess:
+    index: int
+    host: str
+    pid: int
+    address: str  # tcp://ip:port
+    engine: int | None = None  # the engine whose host runs it; None: the notebook host
+
+
+class PsService:
+    """Starts the shards, watches them, checkpoints them, and stops them.
+
+    Args:
+        run_id: the run's number (names the checkpoint file).
+        shards: how many shards to start.
+        workers: the number of workers the shards will serve.
+        max_staleness: the stale-synchronous bound (None: unbounded).
+        checkpoint_dir / checkpoint_every_s: where and how often the PS state is saved.
+    """
+
+    def __init__(self, run_id: int, shards: int, workers: int, max_staleness: int | None,
+                 checkpoint_dir: str, checkpoint_every_s: float):
+        self.run_id, self.count, self.workers = run_id, shards, workers
+        self.max_staleness = max_staleness
+        self.checkpoint_dir, self.checkpoint_every_s = checkpoint_dir, checkpoint_every_s
+        self.key = wire.new_key()
+        self.shards: list[ShardProcess] = []
+        self.failure: str | None = None
+        self.last_checkpoint: dict | None = None  # {"path", "version", "saved_at"}
+        self.log_dir = tempfile.mkdtemp(prefix=f"nbdist-ps-run{run_id}-")
+        self._stop = threading.Event()
+        self._monitor: threading.Thread | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self, bind: str, cluster=None, engines: list[int] | None = None) -> None:
+        """Start the shards on this host (engines None) or round-robin on the hosts of `engines`."""
+        for i in range(self.count):
+            config = {"shard": i, "workers": self.workers, "max_staleness": self.max_staleness}
+            if engines:
+                eid = engines[i % len(engines)]
+                started = cluster.client[eid].apply_async(launcher.start_shard_towards, config, self.key, bind)
+                info = started.get(timeout=ENGINE_CALL_TIMEOUT_S)
+            else:
+                eid = None
+                info = launcher.start_shard({**config, "bind": bind}, self.key,
+                                            os.path.join(self.log_dir, f"shard-{i}.log"))
+                info["ip"] = bind
+            self.shards.append(ShardProcess(i, info["host"], info["pid"], f"tcp://{info['ip']}:{info['port']}", eid))
+        self._monitor = threading.Thread(target=self._watch, name=f"nbdist-ps-monitor-{self.run_id}", daemon=True)
+        self._monitor.start()
+
+    @property
+    def addresses(self) -> list[str]:
+        return [s.address for s in self.shards]
+
+    def restore(self, state: dict) -> None:
+        """Hand every shard a checkpoint; each takes its own variables from it when the model arrives."""
+        with self._client() as client:
+            client.request("restore", [state["arrays"]] * len(self.shards), version=int(state.get("version", 0)))
+
+    def stop(self, cluster=None) -> dict:
+        """Final checkpoint (when the PS still answers), the shards' logs, then stop them; returns the stats."""
+        self._stop.set()
+        if self._monitor is not None:
+            self._monitor.join(timeout=15)
+        stats: list[dict] = []
+        if self.failure is None:
+            try:
+                with self._client() as client:
+                    self._checkpoint(client)
+                    stats = [m.header for m in client.request("stats")]
+                    client.request("stop")
+            except (PsUnavailable, NbdistError) as exc:
+                self.failure = str(exc)
+        self._stop_processes(cluster)
+        return {"shards": stats, "failure": self.failure, "checkpoint": self.last_checkpoint}
+
+    def _stop_processes(self, cluster) -> None:
+        for shard in self.shards:
+            if shard.engine is None:
+                launcher.stop_shard(shard.pid)
+            elif cluster is not None and shard.engine in cluster.ids():
+                try:
+                    cluster.client[shard.engine].apply_async(launcher.stop_shard, shard.pid).get(
+                        timeout=ENGINE_CALL_TIMEOUT_S)
+                except Exception:  # the engine died with its shard: nothing left to stop
+                    pass
+
+    # -- health and checkpoints ------------------------------------------------------------
+    def _client(self) -> PsClient:
+        return PsClient(self.addresses, self.key, CONTROLLER, heartbeat=False)
+
+    def _watch(self) -> None:
+        next_checkpoint = time.time() + self.checkpoint_every_s
+        try:
+            with self._client() as client:
+                while not self._stop.wait(MONITOR_INTERVAL_S):
+                    self._check_processes()
+                    client.request("heartbeat")
+                    if time.time() >= next_checkpoint:
+                        self._checkpoint(client)
+                        next_checkpoint = time.time() + self.checkpoint_every_s
+        except (PsUnavailable, NbdistError) as exc:
+            self.failure = self.failure or str(exc)
+
+    def _check_processes(self) -> None:
+        for shard in self.shards:
+            code = launcher.exit_code(shard.pid) if shard.engine is None else None
+            if code is not None:
+                raise PsUnavailable(f"parameter-server shard {shard.index} (pid {shard.pid} on {shard.host}) "
+                                    f"exited with code {code}")
+
+    def _checkpoint(self, client: PsClient) -> None:
+        replies = client.request("state")
+        if not all(r.header.get("names") for r in replies):
+            return  # no model yet: nothing worth saving
+        first = replies[0].header
+        state = {"arrays": merged(replies), "version": first["version"], "layout": first["layout"],
+                 "optimizer": first["optimizer"]}
+        path = checkpoint.save(self.checkpoint_dir, self.run_id, state)
+        self.last_checkpoint = {"path": str(path), "version": first["version"], "saved_at": time.time()}
+
+    def checkpoint_weights(self) -> list:
+        """The last checkpoint's weights in `model.get_weights()` order (empty when none was saved)."""
+        if self.last_checkpoint is None:
+            return []
+        return checkpoint.model_weights(checkpoint.load(self.last_checkpoint["path"]))

@@ -1,0 +1,197 @@
+"""`nfdt`: asynchronous data parallel training through nbdist's parameter server.
+
+Keras' own `fit` runs on every worker over its shard; the optimizer's `apply_gradients`
+is replaced by one push-pull with the PS (a `tf.numpy_function` inside the compiled
+step): the gradient goes to the shards, which apply the user's optimizer, and the reply
+carries the new weights the next step computes on.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict
+
+import numpy as np
+
+from ..errors import OptionError, ParameterServerFailed
+from ..keras_bridge import build_for_training
+from ..ps import checkpoint, rules
+from ..ps.client import PsClient, merged
+from ..ps.partition import partition
+from ..ps.service import PsService
+from ..rendezvous import rendezvous_address
+from ..sharding import shard_fit_data
+from .base import Strategy, Worker
+
+DEFAULT_CHECKPOINT_DIR = "nbdist-checkpoints"
+
+
+class PushPull:
+    """The worker's side of one step: push this gradient, receive the weights to compute on next."""
+
+    def __init__(self, client: PsClient, plan: list[list[str]], names: list[str]):
+        self.client, self.plan, self.names = client, plan, names
+        self.versions = [0] * len(plan)
+        self.staleness = 0
+        self.steps = 0
+
+    def exchange(self, kind: str) -> list[np.ndarray]:
+        """Weights from a `pull` (start of fit) or a `done` (end of fit, after every worker finished)."""
+        return self._weights(self.client.request(kind))
+
+    def push(self, *gradients) -> list[np.ndarray]:
+        grads = dict(zip(self.names, gradients))
+        self.steps += 1
+        replies = self.client.request("push", [{n: grads[n] for n in shard} for shard in self.plan],
+                                      [{"version": v} for v in self.versions], step=self.steps)
+        self.staleness = max(r.header.get("staleness", 0) for r in replies)
+        return self._weights(replies)
+
+    def _weights(self, replies) -> list[np.ndarray]:
+        self.versions = [r.header["version"] for r in replies]
+        new = merged(replies)
+        return [np.array(new[name]) for name in self.names]  # own copies: the frames are read-only
+
+    def metrics(self) -> dict:
+        return {"staleness": self.staleness, "bytes_sent": self.client.bytes_sent,
+                "comm_s": round(self.client.comm_s, 4)}
+
+
+class NfdtWorker(Worker):
+    """One asynchronous worker: trains its shard with Keras' `fit`, the PS applies the updates."""
+
+    def fit(self, request):
+        model, optimizer = request.model, request.model.optimizer
+        spec = rules.spec_from_keras(optimizer)  # refuse an optimizer the PS cannot apply, before any work
+        data = shard_fit_data(request, self.rank, self.size)
+        build_for_training(model, data["x"])
+        variables = list(model.trainable_variables)
+        names = variable_names(model)["trainable"]
+        plan = partition({n: int(np.prod(v.shape)) for n, v in zip(names, variables)}, len(self.config["shards"]))
+        client = PsClient(self.config["shards"], bytes.fromhex(self.config["key"]), self.rank)
+        step = PushPull(client, plan, names)
+        original_apply = optimizer.apply_gradients
+        try:
+            if self.rank == 0:
+                self._init(client, model, spec, plan, names)
+            _assign(variables, step.exchange("pull"))
+            optimizer.apply_gradients = _pushed(step, variables)
+            model.jit_compile = False  # XLA cannot compile a numpy_function
+            model.train_function = None
+            callbacks = [*list(request.callbacks or []), self.make_reporter(request.samples_per_step, extra=step.metrics)]
+            history = request.run_plain(callbacks=callbacks, verbose=0, **data)
+            _assign(variables, step.exchange("done"))  # waits for the other workers; the final PS weights
+            return history
+        finally:
+            optimizer.apply_gradients = original_apply
+            model.train_function = None
+            client.close()
+
+    @staticmethod
+    def _init(client, model, spec, plan, names):
+        """Rank 0 hands each shard its variables (shard 0 also the non-trainable ones, for checkpoints)."""
+        named = variable_names(model)
+        trainable = dict(zip(names, (v.numpy() for v in model.trainable_variables)))
+        frozen = dict(zip(named["non_trainable"], (v.numpy() for v in model.non_trainable_variables)))
+        per_shard = [{n: trainable[n] for n in shard} | (frozen if i == 0 else {}) for i, shard in enumerate(plan)]
+        client.request("init", per_shard, optimizer=asdict(spec), trainable=names, layout=named["layout"])
+
+
+def variable_names(model) -> dict[str, list[str]]:
+    """Names of the model's variables that are the same on every engine and in every run.
+
+    Keras' own paths (``sequential_3/dense_7/kernel``) count the models an engine built
+    before, so they differ between engines; the position among the trainable (``t0003``)
+    or non-trainable (``n0000``) variables does not. `layout` is `model.weights` order.
+    """
+    trainable = [f"t{i:04d}:{v.name}" for i, v in enumerate(model.trainable_variables)]
+    non_trainable = [f"n{i:04d}:{v.name}" for i, v in enumerate(model.non_trainable_variables)]
+    by_id = {id(v): n for v, n in zip(model.trainable_variables, trainable)}
+    by_id |= {id(v): n for v, n in zip(model.non_trainable_variables, non_trainable)}
+    return {"trainable": trainable, "non_trainable": non_trainable, "layout": [by_id[id(w)] for w in model.weights]}
+
+
+def _assign(variables, values) -> None:
+    for variable, value in zip(variables, values):
+        variable.assign(value)
+
+
+def _pushed(step: PushPull, variables):
+    """An `apply_gradients` that sends the gradients to the PS and installs the weights it returns."""
+    import tensorflow as tf
+
+    def apply(grads_and_vars):
+        pairs = list(grads_and_vars)
+        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in pairs]
+        new = tf.numpy_function(step.push, grads, [v.dtype for v in variables], stateful=True,
+                                name="nbdist_push_pull")
+        for variable, value in zip(variables, new):
+            variable.assign(tf.ensure_shape(value, variable.shape))
+
+    return apply
+
+
+class NfdtStrategy(Strategy):
+    name = "nfdt"
+    summary = "asynchronous data parallel through nbdist's parameter server (the user's optimizer)"
+    options = ("ps_shards", "ps_on", "max_staleness", "checkpoint_every", "checkpoint_dir", "resume")
+    worker_class = NfdtWorker
+    survives_worker_loss = True
+
+    def __init__(self, options):
+        super().__init__(options)
+        self.service: PsService | None = None
+        self.cluster = None
+
+    def prepare(self, run, cluster) -> dict:
+        options = self.options
+        shards = options.get("ps_shards") or 1
+        if shards < 1:
+            raise OptionError(f"--ps-shards takes a positive number. Received: --ps-shards {shards}")
+        resume = self._checkpoint_to_resume()
+        self.cluster = cluster
+        self.service = PsService(run.id, shards, len(run.workers), options.get("max_staleness"),
+                                 options.get("checkpoint_dir") or DEFAULT_CHECKPOINT_DIR,
+                                 float(options.get("checkpoint_every") or 30))
+        towards = rendezvous_address(cluster.client, all(cluster.is_local(e) for e in run.workers))
+        on_engines = options.get("ps_on") == "engines"
+        self.service.start(towards, cluster if on_engines else None, run.workers if on_engines else None)
+        if resume is not None:
+            self.service.restore(resume)
+            run.events.append({"t": time.time(), "event": "resumed", "path": resume["path"],
+                               "version": resume.get("version")})
+        return {"shards": self.service.addresses, "key": self.service.key.hex()}
+
+    def _checkpoint_to_resume(self) -> dict | None:
+        choice = self.options.get("resume")
+        if not choice:
+            return None
+        directory = self.options.get("checkpoint_dir") or DEFAULT_CHECKPOINT_DIR
+        path = checkpoint.latest(directory) if choice == "latest" else choice
+        if path is None or not os.path.exists(path):
+            raise OptionError(f"--resume found no checkpoint ({path or 'none in ' + os.path.abspath(directory)}); "
+                              "run once without --resume, or give --resume PATH to a run-N.npz file.")
+        return checkpoint.load(path)
+
+    def check(self, run) -> None:
+        if self.service is not None and self.service.failure:
+            run.checkpoint = {**(self.service.last_checkpoint or {}), "weights": self.service.checkpoint_weights()}
+            saved = self.service.last_checkpoint
+            where = (f"The last checkpoint (PS version {saved['version']}, {time.time() - saved['saved_at']:.0f} s "
+                     f"old) is {saved['path']}; its weights are in nbdist.last_run.weights "
+                     "(model.set_weights(nbdist.last_run.weights)), or re-run the cell with --resume."
+                     if saved else "No checkpoint had been saved yet.")
+            raise ParameterServerFailed(f"the parameter server failed during run {run.id}: "
+                                        f"{self.service.failure} {where}")
+
+    def finish(self, run) -> None:
+        if self.service is None:
+            return
+        outcome = self.service.stop(self.cluster)
+        if outcome["checkpoint"] and not run.checkpoint:
+            run.checkpoint = {**outcome["checkpoint"], "weights": self.service.checkpoint_weights()}
+        run.ps = outcome["shards"]
+        run.events += [e for shard in outcome["shards"] for e in shard.get("events", [])
+                       if e["event"] == "worker_dropped"]
+        self.service = None

@@ -1,0 +1,131 @@
+"""NFDT on real engines with a real parameter-server process, through a real kernel."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from nbdist.ps import checkpoint
+from tests.conftest import TRAIN
+
+pytestmark = pytest.mark.cluster
+
+SGD_CELL = '''
+model = build()
+model.compile(optimizer=keras.optimizers.SGD({lr}), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+history = model.fit(x, y, batch_size={batch}, epochs={epochs}, steps_per_epoch={steps}, shuffle={shuffle},
+                    validation_data=(xt[:500], yt[:500]))
+'''
+
+
+def idle_engines(cluster, count: int) -> list[int]:
+    """At least `count` live engines (starting more if needed); returns their ids."""
+    ipp_cluster, client = cluster
+    missing = count - len(client.ids)
+    if missing > 0:
+        ipp_cluster.start_engines_sync(n=missing)
+        client.wait_for_engines(count, timeout=120, block=True)
+    return sorted(client.ids)[:count]
+
+
+def push_log(kernel) -> list[dict]:
+    return kernel.value("[dict(zip(s['log_fields'], e)) for s in nbdist.last_run.ps[:1] for e in s['log']]")
+
+
+def test_one_worker_plain_sgd_equals_sequential_sgd(kernel):
+    cell = SGD_CELL.format(lr=0.1, batch=32, epochs=1, steps=12, shuffle=False)
+    kernel.run("%%distribute --strategy local --seed 5\n" + cell, timeout=180).check()
+    kernel.run("sequential = model.get_weights()").check()
+    kernel.run("%%distribute --strategy nfdt --workers 1 --seed 5\n" + cell, timeout=180).check()
+    diff = kernel.value("max(float(abs(a - b).max()) for a, b in zip(sequential, model.get_weights()))")
+    assert diff <= 1e-6, diff
+    assert kernel.value("nbdist.last_run.ps[0]['version']") == 12
+
+
+def test_four_workers_apply_every_acknowledged_push_with_staleness_and_loss_falls(kernel, cluster):
+    idle_engines(cluster, 4)
+    cell = SGD_CELL.format(lr=0.1, batch=32, epochs=3, steps="None", shuffle=True)
+    kernel.run("%%distribute --strategy nfdt --workers 4 --ps-shards 2 --seed 2\n" + cell, timeout=300).check()
+    shards = kernel.value("[s['counts'] for s in nbdist.last_run.ps]")
+    steps = kernel.value("sum(len(fit.history['loss']) * fit.params['steps'] "
+                         "for fits in nbdist.last_run.results.values() for fit in fits)")
+    for counts in shards:  # every shard saw every push; each acknowledged push was applied exactly once
+        assert counts["applied"] == counts["acked"] == steps, (counts, steps)
+        assert counts["rejected"] == 0
+    log = push_log(kernel)
+    assert len(log) == steps and max(e["staleness"] for e in log) > 0
+    result = kernel.value("{'loss': history.history['loss'], 'eval': model.evaluate(xt, yt, verbose=0)[1]}")
+    assert result["loss"][-1] < result["loss"][0], result
+    assert result["eval"] > 0.5, result
+
+
+def test_max_staleness_bounds_the_lead_over_the_slowest_worker(kernel, cluster):
+    idle_engines(cluster, 4)
+    cell = SGD_CELL.format(lr=0.05, batch=16, epochs=1, steps="None", shuffle=True)
+    kernel.run("%%distribute --strategy nfdt --workers 4 --max-staleness 1\n" + cell, timeout=300).check()
+    log = push_log(kernel)
+    assert len(log) == 4 * (2000 // 4 // 16 + 1)
+    assert max(e["lead"] for e in log) <= 1, max(e["lead"] for e in log)
+
+
+def test_a_worker_killed_mid_run_is_dropped_and_the_others_finish(kernel, cluster):
+    engines = idle_engines(cluster, 3)
+    _, client = cluster
+    victim = engines[-1]
+    pid = client[victim].apply_sync(os.getpid)
+    cell = SGD_CELL.format(lr=0.05, batch=32, epochs=20, steps="None", shuffle=True)
+    msg_id = kernel.submit(f"%%distribute --strategy nfdt --targets {','.join(map(str, engines))}\n" + cell)
+    kernel.collect(msg_id, timeout=180, until_output="step")
+    os.kill(pid, signal.SIGKILL)
+    reply = kernel.collect(msg_id, timeout=240)
+    assert reply.status == "ok", reply.error_text
+    assert f"worker rank 2 (engine {victim}" in reply.stdout and "died" in reply.stdout
+    events = kernel.value("nbdist.last_run.events")
+    assert [e["rank"] for e in events if e["event"] == "worker_died"] == [2]
+    assert [e["worker"] for e in events if e["event"] == "worker_dropped"] == [2]
+    assert kernel.value("len(nbdist.last_run.results)") == 2
+    assert kernel.value("len(model.get_weights()) == len(nbdist.last_run.weights) > 0")
+
+
+def test_ps_killed_fails_fast_with_the_checkpoint_then_resume_continues_from_it(kernel, cluster, tmp_path):
+    idle_engines(cluster, 2)
+    cell = SGD_CELL.format(lr=0.05, batch=32, epochs=200, steps="None", shuffle=True)
+    msg_id = kernel.submit(f"%%distribute --strategy nfdt --workers 2 --checkpoint-every 1 "
+                           f"--checkpoint-dir {tmp_path}\n" + cell)
+    kernel.collect(msg_id, timeout=180, until_output="step")
+    saved = kernel_checkpoint(tmp_path)
+    shard = next(p for p in psutil.process_iter(["cmdline"]) if "nbdist.ps.server" in " ".join(p.info["cmdline"] or []))
+    shard.kill()
+    killed_at = time.time()
+    reply = kernel.collect(msg_id, timeout=60)
+    assert reply.status == "error" and reply.ename == "ParameterServerFailed", reply.error_text
+    assert time.time() - killed_at <= 30
+    assert str(saved) in reply.evalue and "--resume" in reply.evalue
+    state = checkpoint.load(saved)
+    returned = kernel.value("[w.tolist() for w in nbdist.last_run.weights]")
+    assert len(returned) == len(state["layout"]) > 0
+    for got, want in zip(returned, checkpoint.model_weights(state)):
+        np.testing.assert_array_equal(np.asarray(got, np.float32), want)
+
+    short = SGD_CELL.format(lr=0.05, batch=32, epochs=1, steps=3, shuffle=True)
+    kernel.run(f"%%distribute --strategy nfdt --workers 2 --checkpoint-dir {tmp_path} --resume\n" + short,
+               timeout=180).check()
+    resumed = checkpoint.load(saved)["version"]
+    assert kernel.value("[e['event'] for e in nbdist.last_run.events]")[:1] == ["resumed"]
+    assert kernel.value("nbdist.last_run.ps[0]['version']") == resumed + 6
+
+
+def kernel_checkpoint(directory, timeout: float = 60):
+    """The first checkpoint the run writes (polled: the file appears when the PS has been saved once)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = checkpoint.latest(directory)
+        if found is not None:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"no checkpoint in {directory} after {timeout} s")

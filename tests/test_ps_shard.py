@@ -1,0 +1,173 @@
+"""The parameter-server shard: its rules on decoded messages, then a real shard process over real sockets."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from nbdist.ps import launcher, wire
+from nbdist.ps.server import Shard
+
+KEY = wire.new_key()
+W0 = {"dense/kernel": np.arange(6, dtype=np.float32).reshape(2, 3), "dense/bias": np.zeros(3, np.float32)}
+SGD = {"name": "SGD", "learning_rate": 0.5}
+
+
+def message(kind, arrays=None, **fields):
+    return wire.decode(KEY, wire.encode(KEY, kind, arrays, **fields))
+
+
+def grads(value=1.0):
+    return {name: np.full(w.shape, value, np.float32) for name, w in W0.items()}
+
+
+def ready_shard(workers=2, max_staleness=None) -> Shard:
+    shard = Shard({"workers": workers, "max_staleness": max_staleness})
+    shard.handle(b"w0", message("init", W0, worker=0, optimizer=SGD, trainable=list(W0), layout=list(W0)))
+    return shard
+
+
+def push(shard, worker, version, value=1.0):
+    """Replies released by this push (to anyone), as (ident, fields)."""
+    replies = shard.handle(f"w{worker}".encode(), message("push", grads(value), worker=worker, version=version,
+                                                          step=0))
+    return [(ident, fields) for ident, _, _, fields in replies]
+
+
+def test_push_applies_sgd_and_reports_staleness():
+    shard = ready_shard()
+    assert push(shard, 0, 0) == [(b"w0", {"version": 1, "staleness": 0})]
+    assert push(shard, 1, 0) == [(b"w1", {"version": 2, "staleness": 1})]  # computed on version 0, applied at 1
+    np.testing.assert_allclose(shard.variables["dense/kernel"], W0["dense/kernel"] - 2 * 0.5)
+    assert shard.counts["applied"] == shard.counts["acked"] == 2
+
+
+def test_init_releases_held_pulls():
+    shard = Shard({"workers": 2})
+    assert shard.handle(b"w1", message("pull", worker=1)) == []
+    replies = shard.handle(b"w0", message("init", W0, worker=0, optimizer=SGD, trainable=list(W0)))
+    assert [(r[0], r[1]) for r in replies] == [(b"w0", "ok"), (b"w1", "weights")]
+    np.testing.assert_array_equal(replies[1][2]["dense/kernel"], W0["dense/kernel"])
+
+
+def test_max_staleness_one_holds_a_worker_two_steps_ahead():
+    shard = ready_shard(max_staleness=1)
+    assert push(shard, 0, 0)  # lead 1: allowed
+    assert push(shard, 0, 1) == []  # would lead by 2: held, not applied
+    assert shard.version == 1
+    released = push(shard, 1, 0)  # worker 1 catches up: its push and worker 0's held one go through
+    assert [ident for ident, _ in released] == [b"w1", b"w0"] and shard.version == 3
+    assert max(entry[-1] for entry in shard.log) <= 1
+
+
+def test_max_staleness_zero_is_lock_step():
+    shard = ready_shard(max_staleness=0)
+    assert push(shard, 0, 0) == []  # applied, but the new weights wait for the round to complete
+    assert shard.version == 1
+    released = push(shard, 1, 0)
+    assert sorted(ident for ident, _ in released) == [b"w0", b"w1"]
+    assert {fields["version"] for _, fields in released} == {2}  # both start the next step from one version
+
+
+def test_dead_worker_is_dropped_and_releases_the_others():
+    shard = ready_shard(max_staleness=1)
+    shard.handle(b"w1", message("heartbeat", worker=1))
+    push(shard, 0, 0)
+    assert push(shard, 0, 1) == []
+    later = time.time() + shard.heartbeat_timeout_s + 1
+    shard.workers[0].last_seen = later  # worker 0 kept talking, worker 1 went silent
+    released = shard.check_heartbeats(later)
+    assert [r[0] for r in released] == [b"w0"]
+    assert shard.events[-1]["event"] == "worker_dropped" and shard.events[-1]["worker"] == 1
+    with pytest.raises(wire.Rejected, match="unknown_worker"):
+        shard.handle(b"w1", message("push", grads(), worker=1, version=0))
+
+
+def test_done_is_a_barrier_over_live_workers():
+    shard = ready_shard()
+    assert shard.handle(b"w0", message("done", worker=0)) == []
+    replies = shard.handle(b"w1", message("done", worker=1))
+    assert sorted(r[0] for r in replies) == [b"w0", b"w1"]
+
+
+def test_adam_follows_the_update_count_and_momentum_state_is_kept():
+    shard = Shard({"workers": 1})
+    shard.handle(b"w0", message("init", W0, worker=0, trainable=list(W0),
+                                optimizer={"name": "SGD", "learning_rate": 0.1, "momentum": 0.9}))
+    push(shard, 0, 0)
+    push(shard, 0, 1)
+    # heavy ball: v1 = -0.1, v2 = 0.9 * -0.1 - 0.1 = -0.19; w = w0 - 0.29
+    np.testing.assert_allclose(shard.variables["dense/bias"], -0.29, rtol=1e-6)
+    np.testing.assert_allclose(shard.slots["dense/bias"]["m"], -0.19, rtol=1e-6)
+
+
+# -- a real shard process, real sockets ---------------------------------------------------
+
+@pytest.fixture
+def shard_process():
+    info = launcher.start_shard({"shard": 0, "workers": 2, "max_bytes": 4096}, KEY)
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    socket.connect(f"tcp://127.0.0.1:{info['port']}")
+    try:
+        yield socket
+    finally:
+        try:
+            socket.send_multipart(wire.encode(KEY, "stop", worker="controller"))
+            socket.poll(2000)
+        finally:
+            socket.close(linger=0)
+            context.term()
+            launcher.stop_shard(info["pid"])
+
+
+def ask(socket, frames, key=KEY):
+    socket.send_multipart(frames)
+    assert socket.poll(5000), "the shard did not answer"
+    return wire.decode(key, socket.recv_multipart())
+
+
+def test_every_bad_message_is_rejected_counted_and_not_applied(shard_process):
+    socket = shard_process
+    assert ask(socket, wire.encode(KEY, "init", W0, worker=0, optimizer=SGD, trainable=list(W0))).kind == "ok"
+    good = wire.encode(KEY, "push", grads(), worker=0, version=0)
+    header = json.loads(bytes(good[0]))
+    resigned = lambda h, bufs: [json.dumps(h).encode(), wire.hmac.new(KEY, json.dumps(h).encode(),  # noqa: E731
+                                                                       wire.hashlib.sha256).digest(), *bufs]
+    nan = grads()
+    nan["dense/bias"] = np.array([0, np.nan, 0], np.float32)
+    cases = {
+        "unsigned": [good[0], b"", *good[2:]],
+        "bad_signature": wire.encode(wire.new_key(), "push", grads(), worker=0, version=0),
+        "unknown_worker": wire.encode(KEY, "push", grads(), worker=7, version=0),
+        "wrong_shape": wire.encode(KEY, "push", {**grads(), "dense/bias": np.ones(4, np.float32)}, worker=0,
+                                   version=0),
+        "wrong_dtype": wire.encode(KEY, "push", {k: v.astype(np.float64) for k, v in grads().items()}, worker=0,
+                                   version=0),
+        "non_finite": wire.encode(KEY, "push", nan, worker=0, version=0),
+        "oversized": wire.encode(KEY, "push", {**grads(), "pad": np.zeros(2048, np.float32)}, worker=0, version=0),
+        "malformed": resigned({**header, "arrays": header["arrays"][:1]}, good[2:]),
+        "bad_digest": [good[0], good[1], np.full(6, 2, np.float32).tobytes(), bytes(good[3])],
+    }
+    for reason, frames in cases.items():
+        reply = ask(socket, frames)
+        assert (reply.kind, reply.header.get("reason")) == ("rejected", reason), (reason, reply.header)
+    state = ask(socket, wire.encode(KEY, "state", worker="controller"))
+    assert state.header["version"] == 0 and state.header["counts"]["applied"] == 0
+    assert state.header["rejections"] == {reason: 1 for reason in cases}
+    np.testing.assert_array_equal(state.arrays["dense/kernel"], W0["dense/kernel"])
+    assert ask(socket, good).header["version"] == 1  # a good push still goes through afterwards
+
+
+def test_a_reply_is_signed_and_a_forged_key_cannot_read_it(shard_process):
+    socket = shard_process
+    socket.send_multipart(wire.encode(KEY, "heartbeat", worker=0))
+    assert socket.poll(5000)
+    frames = socket.recv_multipart()
+    assert wire.decode(KEY, frames).kind == "pong"
+    with pytest.raises(wire.Rejected, match="bad_signature"):
+        wire.decode(wire.new_key(), frames)
