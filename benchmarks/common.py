@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
+import sys
 import textwrap
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -32,6 +36,61 @@ DEFINITION = textwrap.dedent('''
             keras.layers.Dense(10, activation="softmax"),
         ])
 ''')
+
+
+TRAIN = textwrap.dedent('''
+    keras.utils.set_random_seed(0)
+    model = build()
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    timer = EpochTimer()
+    history = model.fit(x, y, batch_size=64, epochs={epochs}, callbacks=[timer], verbose=0)
+''')
+
+
+def plain_fit(samples: int, epochs: int) -> dict:
+    """Plain Keras in a fresh Python process, as an engine is one."""
+    script = DEFINITION.format(samples=samples) + "\n_t0 = time.perf_counter()\n" + TRAIN.format(epochs=epochs) + (
+        "\nimport json; print('@@' + json.dumps({'epochs': timer.seconds, 'wall': time.perf_counter() - _t0}))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    return json.loads([ln for ln in out.splitlines() if ln.startswith("@@")][-1][2:])
+
+
+def alternate_with_plain_fit(ip, session, magic_line: str, samples: int, epochs: int, rounds: int) -> list[dict]:
+    """`rounds` x (the TRAIN cell under `%%distribute magic_line`, then plain fit), alternating so
+    drift in machine speed hits both sides alike. Samples/s of rank 0's steady epochs."""
+    results = []
+    for _ in range(rounds):
+        t0 = time.time()
+        ip.run_cell_magic("distribute", magic_line, TRAIN.format(epochs=epochs))
+        wall = time.time() - t0
+        epoch_s = session.cluster.client[session.last_run.workers[0]].pull("timer.seconds", block=True)
+        plain = plain_fit(samples, epochs)
+        per_worker = samples // len(session.last_run.workers)
+        results.append({"nbdist": steady_samples_per_s(epoch_s, per_worker) * len(session.last_run.workers),
+                        "nbdist_wall": wall, "plain": steady_samples_per_s(plain["epochs"], samples),
+                        "plain_wall": plain["wall"]})
+    return results
+
+
+def print_rounds(label: str, rounds: list[dict], extra_rows=()) -> float:
+    """The side-by-side table of `alternate_with_plain_fit`; returns the median round's ratio."""
+    def median(key):
+        return statistics.median(r[key] for r in rounds)
+
+    ratio = statistics.median(r["nbdist"] / r["plain"] for r in rounds)
+    print()
+    print_table(["measure", label, "plain fit", "ratio"], [
+        ["samples/s (median epoch 2+), median round", f"{median('nbdist'):,.0f}", f"{median('plain'):,.0f}",
+         f"{ratio:.3f}"],
+        ["wall time of the training cell, s, median", f"{median('nbdist_wall'):.2f}", f"{median('plain_wall'):.2f}",
+         f"{median('plain_wall') / median('nbdist_wall'):.3f}"],
+        *extra_rows,
+    ])
+    for i, r in enumerate(rounds, 1):
+        print(f"round {i}: nbdist {r['nbdist']:,.0f} samples/s, plain {r['plain']:,.0f} samples/s, "
+              f"ratio {r['nbdist'] / r['plain']:.3f}")
+    return ratio
 
 
 def steady_samples_per_s(epoch_seconds: list[float], samples: int) -> float:

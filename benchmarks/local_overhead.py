@@ -10,32 +10,10 @@ Prints a table, then:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
-import textwrap
 import time
 
-from common import DEFINITION, notebook_shell, print_table, steady_samples_per_s
-
-TRAIN = textwrap.dedent('''
-    keras.utils.set_random_seed(0)
-    model = build()
-    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
-                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    timer = EpochTimer()
-    history = model.fit(x, y, batch_size=64, epochs={epochs}, callbacks=[timer], verbose=0)
-''')
-
-
-def plain_fit(samples: int, epochs: int) -> dict:
-    """Plain Keras in a fresh Python process, as an engine is one."""
-    script = DEFINITION.format(samples=samples) + "\n_t0 = time.perf_counter()\n" + TRAIN.format(epochs=epochs) + (
-        "\nimport json; print('@@' + json.dumps({'epochs': timer.seconds, 'wall': time.perf_counter() - _t0}))")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
-    return json.loads([ln for ln in out.splitlines() if ln.startswith("@@")][-1][2:])
-
+from common import DEFINITION, TRAIN, alternate_with_plain_fit, notebook_shell, print_rounds
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -51,16 +29,7 @@ def main() -> None:
     ip.run_line_magic("dist", "start -n 1")
     try:
         ip.run_cell_magic("distribute", "define", DEFINITION.format(samples=args.samples))
-        cell = TRAIN.format(epochs=args.epochs)
-        rounds = []
-        for _ in range(args.rounds):  # alternate so drift in machine speed hits both sides alike
-            t0 = time.time()
-            ip.run_cell_magic("distribute", "--strategy local", cell)
-            wall = time.time() - t0
-            epochs = session.cluster.client[session.last_run.workers[0]].pull("timer.seconds", block=True)
-            plain = plain_fit(args.samples, args.epochs)
-            rounds.append({"nbdist": steady_samples_per_s(epochs, args.samples), "nbdist_wall": wall,
-                           "plain": steady_samples_per_s(plain["epochs"], args.samples), "plain_wall": plain["wall"]})
+        rounds = alternate_with_plain_fit(ip, session, "--strategy local", args.samples, args.epochs, args.rounds)
 
         first_steps = []
         for _ in range(args.repeats):  # warm engine: only the first-step latency matters here
@@ -71,21 +40,8 @@ def main() -> None:
     finally:
         ip.run_line_magic("dist", "stop")
 
-    def median(key):
-        return statistics.median(r[key] for r in rounds)
-
-    ratio = statistics.median(r["nbdist"] / r["plain"] for r in rounds)
-    print()
-    print_table(["measure", "nbdist local", "plain fit", "ratio"], [
-        ["samples/s (median epoch 2+), median round", f"{median('nbdist'):,.0f}", f"{median('plain'):,.0f}",
-         f"{ratio:.3f}"],
-        ["wall time of the training cell, s, median", f"{median('nbdist_wall'):.2f}", f"{median('plain_wall'):.2f}",
-         f"{median('plain_wall') / median('nbdist_wall'):.3f}"],
-        ["cell start -> first step, s (median of warm runs)", f"{statistics.median(first_steps):.2f}", "-", "-"],
-    ])
-    for i, r in enumerate(rounds, 1):
-        print(f"round {i}: nbdist {r['nbdist']:,.0f} samples/s, plain {r['plain']:,.0f} samples/s, "
-              f"ratio {r['nbdist'] / r['plain']:.3f}")
+    ratio = print_rounds("nbdist local", rounds, extra_rows=[
+        ["cell start -> first step, s (median of warm runs)", f"{statistics.median(first_steps):.2f}", "-", "-"]])
     print(f"first-step times of warm runs: {', '.join(f'{s:.2f}' for s in first_steps)}")
     print(f"RESULT local_vs_fit={ratio:.3f}")
     print(f"RESULT cell_to_first_step_s={statistics.median(first_steps):.2f}")

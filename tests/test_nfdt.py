@@ -67,7 +67,11 @@ def test_four_workers_apply_every_acknowledged_push_with_staleness_and_loss_fall
 def test_max_staleness_bounds_the_lead_over_the_slowest_worker(kernel, cluster):
     idle_engines(cluster, 4)
     cell = SGD_CELL.format(lr=0.05, batch=16, epochs=1, steps="None", shuffle=True)
-    kernel.run("%%distribute --strategy nfdt --workers 4 --max-staleness 1\n" + cell, timeout=300).check()
+    kernel.run("%%distribute --strategy nfdt --workers 4 --max-staleness 1 --ps-on engines --ps-shards 2\n" + cell,
+               timeout=300).check()
+    placed = kernel.value("[(s['shard'], s['engine']) for s in nbdist.last_run.ps]")
+    placed = [tuple(p) for p in placed]
+    assert placed == [(0, kernel.value("nbdist.last_run.workers[0]")), (1, kernel.value("nbdist.last_run.workers[1]"))]
     log = push_log(kernel)
     assert len(log) == 4 * (2000 // 4 // 16 + 1)
     assert max(e["lead"] for e in log) <= 1, max(e["lead"] for e in log)

@@ -52,3 +52,28 @@ def test_hand_computed_momentum_step():
 def test_other_optimizers_and_options_are_refused_by_name(optimizer, match):
     with pytest.raises(OptionError, match=match):
         rules.spec_from_keras(optimizer())
+
+
+@pytest.mark.parametrize("spec", [rules.OptimizerSpec("SGD", 0.1, momentum=0.9, nesterov=True),
+                                  rules.OptimizerSpec("Adam", 0.01)], ids=["nesterov", "adam"])
+def test_large_variables_are_updated_in_chunks_with_the_same_result(spec):
+    rng = np.random.default_rng(0)
+    n = 3 * rules.CHUNK + 17
+    w_whole = rng.standard_normal(n).astype(np.float32)
+    w_chunks = w_whole.copy().reshape(n, 1)
+    s_whole, s_chunks = rules.new_state(spec, (n,)), rules.new_state(spec, (n, 1))
+    whole_array_rule = rules._sgd if spec.name == "SGD" else rules._adam
+    for step in range(3):
+        g = rng.standard_normal(n).astype(np.float32)
+        whole_array_rule(spec, w_whole, g, s_whole, 0.1, step)
+        rules.apply(spec, w_chunks, g.reshape(n, 1), s_chunks, 0.1, step)
+    np.testing.assert_array_equal(w_chunks.reshape(-1), w_whole)
+
+
+def test_a_learning_rate_schedule_is_followed_by_update_count():
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.5)
+    spec = rules.spec_from_keras(keras.optimizers.SGD(schedule))
+    assert spec.schedule is not None
+    for step in (0, 10, 25):
+        assert rules.learning_rate(spec, step) == pytest.approx(float(schedule(step)), rel=1e-6)
+    assert rules.learning_rate(rules.OptimizerSpec("SGD", 0.3), 99) == 0.3

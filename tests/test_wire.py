@@ -77,8 +77,8 @@ def test_tampered_header_or_buffer_is_rejected(sockets):
 
 
 def test_signed_but_malformed_header_is_rejected(sockets):
-    header = json.dumps({"v": 1, "kind": "push", "arrays": [{"name": "x", "dtype": "object", "shape": [1],
-                                                             "sha256": ""}]}).encode()
+    header = json.dumps({"v": wire.VERSION, "kind": "push", "nonce": "00", "arrays": [
+        {"name": "x", "dtype": "object", "shape": [1], "tag": ""}]}).encode()
     import hashlib
     import hmac
 

@@ -15,6 +15,8 @@ import numpy as np
 
 from ..errors import OptionError
 
+CHUNK = 1 << 16  # elements per step of a large update
+
 _UNSUPPORTED_OPTIONS = ("weight_decay", "clipnorm", "clipvalue", "global_clipnorm", "use_ema")
 
 
@@ -86,14 +88,25 @@ def new_state(spec: OptimizerSpec, shape, dtype=np.float32) -> dict[str, np.ndar
 
 
 def apply(spec: OptimizerSpec, w: np.ndarray, g: np.ndarray, state: dict, lr: float, step: int) -> None:
-    """One update of `w` in place with gradient `g`; `step` counts updates already applied (Keras' iterations)."""
-    if spec.name == "SGD":
-        _sgd(spec, w, g, state, lr)
-    else:
-        _adam(spec, w, g, state, lr, step)
+    """One update of `w` in place with gradient `g`; `step` counts updates already applied (Keras' iterations).
+
+    Every rule is elementwise, so a large variable is updated a chunk at a time: the same
+    arithmetic, with temporaries that stay in cache instead of fresh pages the size of `w`.
+    """
+    rule = _sgd if spec.name == "SGD" else _adam
+    if w.size <= CHUNK:
+        rule(spec, w, g, state, lr, step)
+        return
+    flat_w, flat_g = w.reshape(-1), g.reshape(-1)
+    flat_state = {k: v.reshape(-1) for k, v in state.items()}
+    if not np.shares_memory(flat_w, w) or any(not np.shares_memory(flat_state[k], v) for k, v in state.items()):
+        raise ValueError("update rules need C-contiguous variables and slots")
+    for start in range(0, w.size, CHUNK):
+        part = slice(start, start + CHUNK)
+        rule(spec, flat_w[part], flat_g[part], {k: v[part] for k, v in flat_state.items()}, lr, step)
 
 
-def _sgd(spec, w, g, state, lr):
+def _sgd(spec, w, g, state, lr, step):
     if not spec.momentum:
         w -= lr * g
         return

@@ -60,6 +60,7 @@ class Shard:
         self.rejections: Counter = Counter()
         self.log: list[list] = []
         self.events: list[dict] = []
+        self.in_flight: dict[int, tuple] = {}  # id(array) -> (array, zmq tracker) of replies still being sent
         self.waiting: list[tuple[bytes, wire.Message]] = []  # held pulls, pushes and dones, in arrival order
         self.held_replies: list[tuple[bytes, int, int]] = []  # (ident, worker, pushed) under s = 0
         self.stopping = False
@@ -205,7 +206,10 @@ class Shard:
         staleness = self.version - message.header["version"]
         lr = rules.learning_rate(self.spec, self.version)
         for name, gradient in message.arrays.items():
-            rules.apply(self.spec, self.variables[name], gradient, self.slots[name], lr, self.version)
+            slots = self.slots[name]
+            for slot in slots:
+                self._unshared(slots, slot)
+            rules.apply(self.spec, self._unshared(self.variables, name), gradient, slots, lr, self.version)
         self.version += 1
         state.pushed += 1
         self.counts["applied"] += 1
@@ -218,6 +222,19 @@ class Shard:
                 return []
         self.counts["acked"] += 1
         return [(ident, "weights", dict(self.variables), {"version": self.version, "staleness": staleness})]
+
+    def sent(self, arrays, tracker) -> None:
+        """Replies go out zero-copy: remember which arrays ZeroMQ may still be reading."""
+        for array in arrays:
+            self.in_flight[id(array)] = (array, tracker)
+
+    def _unshared(self, container: dict, key: str) -> np.ndarray:
+        """`container[key]`, safe to update in place: copied first if a reply is still sending it."""
+        array = container[key]
+        entry = self.in_flight.pop(id(array), None)
+        if entry is not None and not entry[1].done:
+            container[key] = array = array.copy()
+        return array
 
     def _log(self, worker, step, staleness, outcome):
         if len(self.log) < LOG_LIMIT:
@@ -274,7 +291,11 @@ def serve(config: dict, key: bytes, ready=print) -> None:
 
     def send(replies):
         for ident, kind, arrays, fields in replies:
-            socket.send_multipart([ident, *wire.encode(key, kind, arrays, **fields)])
+            frames = [ident, *wire.encode(key, kind, arrays, **fields)]
+            if arrays:
+                shard.sent(arrays.values(), socket.send_multipart(frames, copy=False, track=True))
+            else:
+                socket.send_multipart(frames)
 
     try:
         while not shard.stopping:

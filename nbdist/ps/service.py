@@ -92,6 +92,8 @@ class PsService:
             except (PsUnavailable, NbdistError) as exc:
                 self.failure = str(exc)
         self._stop_processes(cluster)
+        placed = [{"engine": s.engine, "host": s.host, "pid": s.pid, "address": s.address} for s in self.shards]
+        stats = [{**placed[i], **shard} for i, shard in enumerate(stats)]
         return {"shards": stats, "failure": self.failure, "checkpoint": self.last_checkpoint}
 
     def _stop_processes(self, cluster) -> None:

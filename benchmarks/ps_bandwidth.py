@@ -1,0 +1,112 @@
+"""Parameter-server push-pull against raw ZeroMQ moving the same bytes, side by side in one run.
+
+nbdist: a real shard process (plain SGD); each round trip pushes a float32 gradient of N
+values (signed header, SHA-256 per buffer, shape / dtype / finiteness checks, update
+applied) and receives the N new weights (signed, checked). Anchor: a raw ZeroMQ
+ROUTER echo process that receives the same bytes and answers with as many, with no
+signing, checks or update. Prints a table, then:
+    RESULT ps_vs_raw_zmq_10M=<nbdist bytes/s over raw ZeroMQ bytes/s, 10M float32 each way>
+
+    .venv/bin/python benchmarks/ps_bandwidth.py [--sizes 225000,10000000 --rounds 5 --repeats 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import zmq
+
+from common import print_table
+from nbdist.ps import launcher, wire
+from nbdist.ps.client import PsClient
+
+RAW_ECHO = textwrap.dedent('''
+    import sys, zmq
+    context = zmq.Context()
+    socket = context.socket(zmq.ROUTER)
+    print(socket.bind_to_random_port("tcp://127.0.0.1"), flush=True)
+    while True:
+        frames = socket.recv_multipart(copy=False)
+        if len(frames) == 2 and frames[1].bytes == b"stop":
+            break
+        socket.send_multipart(frames, copy=False)
+''')
+
+
+def time_ps(client: PsClient, n: int, repeats: int) -> float:
+    """Median seconds of one push-pull of `n` float32 values."""
+    gradient = {"w": np.full(n, 1e-3, np.float32)}
+    version, times = 0, []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        reply = client.request("push", [gradient], version=version)[0]
+        version = reply.header["version"]
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def time_raw(socket, n: int, repeats: int) -> float:
+    payload = np.full(n, 1e-3, np.float32)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        socket.send_multipart([b"push", payload], copy=False)
+        reply = socket.recv_multipart(copy=False)
+        np.frombuffer(reply[1].buffer, np.float32)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="225000,10000000", help="float32 values per message, comma-separated "
+                        "(225000: the benchmark CNN; 10000000: the headline)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating nbdist / raw rounds")
+    parser.add_argument("--repeats", type=int, default=20, help="round trips per round")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+
+    echo = subprocess.Popen([sys.executable, "-c", RAW_ECHO], stdout=subprocess.PIPE, text=True)
+    context = zmq.Context()
+    raw = context.socket(zmq.DEALER)
+    raw.connect(f"tcp://127.0.0.1:{echo.stdout.readline().strip()}")
+    rows, ratios = [], {}
+    try:
+        for n in sizes:
+            key = wire.new_key()
+            shard = launcher.start_shard({"shard": 0, "workers": 1, "max_bytes": 1 << 31}, key)
+            try:
+                with PsClient([f"tcp://127.0.0.1:{shard['port']}"], key, 0) as client:
+                    client.request("init", [{"w": np.zeros(n, np.float32)}], trainable=["w"],
+                                   optimizer={"name": "SGD", "learning_rate": 0.01})
+                    ps_times, raw_times = [], []
+                    for _ in range(args.rounds):
+                        ps_times.append(time_ps(client, n, args.repeats))
+                        raw_times.append(time_raw(raw, n, args.repeats))
+                    client.request("stop")
+            finally:
+                launcher.stop_shard(shard["pid"])
+            ps_s, raw_s = statistics.median(ps_times), statistics.median(raw_times)
+            gbytes = 2 * 4 * n / 1e9
+            ratios[n] = raw_s / ps_s
+            rows.append([f"{n:,} float32 each way", f"{ps_s * 1e3:.2f}", f"{gbytes / ps_s:.2f}",
+                         f"{raw_s * 1e3:.2f}", f"{gbytes / raw_s:.2f}", f"{ratios[n]:.3f}"])
+    finally:
+        raw.send_multipart([b"stop"])
+        raw.close(linger=1000)
+        context.term()
+        echo.wait(10)
+    print()
+    print_table(["message", "nbdist PS ms", "GB/s", "raw ZeroMQ ms", "GB/s", "ratio"], rows)
+    if 10_000_000 in ratios:
+        print(f"RESULT ps_vs_raw_zmq_10M={ratios[10_000_000]:.3f}")
+
+
+if __name__ == "__main__":
+    main()
