@@ -171,3 +171,35 @@ def test_a_reply_is_signed_and_a_forged_key_cannot_read_it(shard_process):
     assert wire.decode(KEY, frames).kind == "pong"
     with pytest.raises(wire.Rejected, match="bad_signature"):
         wire.decode(wire.new_key(), frames)
+
+
+def test_concurrent_pushes_of_large_arrays_all_get_intact_replies():
+    """Replies leave zero-copy while later pushes update the same arrays: each reply must still verify."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nbdist.ps.client import PsClient
+
+    big = {"w": np.zeros(300_000, np.float32), "b": np.zeros(10, np.float32)}
+    info = launcher.start_shard({"shard": 0, "workers": 3}, KEY)
+    address = [f"tcp://127.0.0.1:{info['port']}"]
+    try:
+        with PsClient(address, KEY, 0) as first:
+            first.request("init", [big], optimizer=SGD, trainable=list(big))
+
+        def worker(rank):
+            with PsClient(address, KEY, rank) as client:
+                version = client.request("pull")[0].header["version"]
+                for _ in range(30):
+                    reply = client.request("push", [{k: np.ones_like(v) for k, v in big.items()}],
+                                           version=version)[0]  # a reply that failed its tag would raise here
+                    version = reply.header["version"]
+                    assert np.all(np.diff(reply.arrays["w"][::1000]) == 0)  # one update state, not a mix
+                return client.request("done")[0].header["version"]  # after every worker finished
+
+        with ThreadPoolExecutor(3) as pool:
+            finals = list(pool.map(worker, range(3)))
+        assert finals == [90, 90, 90]
+    finally:
+        with PsClient(address, KEY, "controller", heartbeat=False) as controller:
+            controller.request("stop")
+        launcher.stop_shard(info["pid"])

@@ -25,6 +25,7 @@ import numpy as np
 from . import rules, wire
 
 HEARTBEAT_TIMEOUT_S = 5.0
+ZERO_COPY_FROM = 1 << 16  # bytes: smaller arrays are copied into the message, larger ones sent by reference
 LOG_LIMIT = 500_000  # push-log entries kept; past it the log stops growing (counters go on)
 CONTROLLER = "controller"
 CONTROLLER_KINDS = {"state", "stats", "restore", "stop", "heartbeat"}
@@ -60,7 +61,7 @@ class Shard:
         self.rejections: Counter = Counter()
         self.log: list[list] = []
         self.events: list[dict] = []
-        self.in_flight: dict[int, tuple] = {}  # id(array) -> (array, zmq tracker) of replies still being sent
+        self.in_flight: dict[int, tuple] = {}  # id(array) -> (array, zmq trackers of the replies sending it)
         self.waiting: list[tuple[bytes, wire.Message]] = []  # held pulls, pushes and dones, in arrival order
         self.held_replies: list[tuple[bytes, int, int]] = []  # (ident, worker, pushed) under s = 0
         self.stopping = False
@@ -223,16 +224,17 @@ class Shard:
         self.counts["acked"] += 1
         return [(ident, "weights", dict(self.variables), {"version": self.version, "staleness": staleness})]
 
-    def sent(self, arrays, tracker) -> None:
-        """Replies go out zero-copy: remember which arrays ZeroMQ may still be reading."""
-        for array in arrays:
-            self.in_flight[id(array)] = (array, tracker)
+    def sent(self, shared) -> None:
+        """Large arrays go out zero-copy: remember, per (array, tracker), what ZeroMQ may still be reading."""
+        for array, tracker in shared:
+            self.in_flight.setdefault(id(array), (array, []))[1].append(tracker)
 
     def _unshared(self, container: dict, key: str) -> np.ndarray:
         """`container[key]`, safe to update in place: copied first if a reply is still sending it."""
         array = container[key]
         entry = self.in_flight.pop(id(array), None)
-        if entry is not None and not entry[1].done:
+        # Replies to different workers leave through different pipes: any of them may still be queued.
+        if entry is not None and not all(tracker.done for tracker in entry[1]):
             container[key] = array = array.copy()
         return array
 
@@ -291,11 +293,17 @@ def serve(config: dict, key: bytes, ready=print) -> None:
 
     def send(replies):
         for ident, kind, arrays, fields in replies:
-            frames = [ident, *wire.encode(key, kind, arrays, **fields)]
-            if arrays:
-                shard.sent(arrays.values(), socket.send_multipart(frames, copy=False, track=True))
-            else:
-                socket.send_multipart(frames)
+            frames = wire.encode(key, kind, arrays, **fields)
+            out, shared = [ident, *frames[:2]], []
+            for array, buffer in zip((arrays or {}).values(), frames[2:]):
+                if len(buffer) < ZERO_COPY_FROM:
+                    out.append(bytes(buffer))
+                else:  # each frame tracked on its own: one message's frames are released separately
+                    frame = zmq.Frame(buffer, copy=False, track=True)
+                    out.append(frame)
+                    shared.append((array, frame.tracker))
+            socket.send_multipart(out, copy=False)
+            shard.sent(shared)
 
     try:
         while not shard.stopping:
