@@ -203,3 +203,32 @@ def test_concurrent_pushes_of_large_arrays_all_get_intact_replies():
         with PsClient(address, KEY, "controller", heartbeat=False) as controller:
             controller.request("stop")
         launcher.stop_shard(info["pid"])
+
+
+def test_a_nan_gradient_is_skipped_by_the_worker_and_repeated_ones_stop_it():
+    from nbdist.ps.client import PsClient
+    from nbdist.strategies.nfdt import MAX_NON_FINITE_IN_A_ROW, PushPull
+
+    info = launcher.start_shard({"shard": 0, "workers": 1}, KEY)
+    address = [f"tcp://127.0.0.1:{info['port']}"]
+    try:
+        with PsClient(address, KEY, 0) as client:
+            client.request("init", [W0], optimizer=SGD, trainable=list(W0))
+            step = PushPull(client, [list(W0)], list(W0))
+            step.exchange("pull")
+            good = step.push(*grads().values())
+            np.testing.assert_allclose(good[0], W0["dense/kernel"] - 0.5)
+            bad = grads()["dense/kernel"].copy()
+            bad[0, 0] = np.nan
+            kept = step.push(bad, grads()["dense/bias"])  # rejected, not applied: the weights stay
+            np.testing.assert_array_equal(kept[0], good[0])
+            assert step.versions == [1]
+            with pytest.raises(FloatingPointError, match="in a row held NaN or inf"):
+                for _ in range(MAX_NON_FINITE_IN_A_ROW):
+                    step.push(bad, grads()["dense/bias"])
+            counts = client.request("state")[0].header
+        assert counts["rejections"] == {"non_finite": MAX_NON_FINITE_IN_A_ROW}
+    finally:
+        with PsClient(address, KEY, "controller", heartbeat=False) as controller:
+            controller.request("stop")
+        launcher.stop_shard(info["pid"])

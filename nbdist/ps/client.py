@@ -25,7 +25,11 @@ class PsUnavailable(NbdistError):
 
 
 class PsRefused(NbdistError):
-    """A shard answered a request with `rejected` or `error`."""
+    """A shard answered a request with `rejected` or `error`; `reason` is the shard's word for why."""
+
+    def __init__(self, message: str, reason: str = "error"):
+        super().__init__(message)
+        self.reason = reason
 
 
 class PsClient:
@@ -78,18 +82,17 @@ class PsClient:
             ready = dict(poller.poll(250))
             for i, socket in enumerate(self.sockets):
                 if ready.get(socket):
-                    replies[i] = self._answer(i, socket.recv_multipart(copy=False))
+                    replies[i] = wire.decode(self.key, socket.recv_multipart(copy=False))
                     self.last_answer[i] = time.time()
             self._check_alive(replies)
         self.comm_s += time.time() - started
+        for i, message in enumerate(replies):  # only once every shard answered: no reply is left queued
+            if message.kind in ("rejected", "error"):
+                header = message.header
+                raise PsRefused(f"parameter-server shard {i} refused the {kind}: "
+                                f"{header.get('detail') or header.get('message') or header.get('reason')}",
+                                header.get("reason", "error"))
         return replies
-
-    def _answer(self, shard: int, frames) -> wire.Message:
-        message = wire.decode(self.key, frames)
-        if message.kind in ("rejected", "error"):
-            detail = message.header.get("detail") or message.header.get("message") or message.header.get("reason")
-            raise PsRefused(f"parameter-server shard {shard} refused the request: {detail}")
-        return message
 
     def _check_alive(self, replies) -> None:
         now = time.time()

@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import OptionError, ParameterServerFailed
 from ..keras_bridge import build_for_training
 from ..ps import checkpoint, rules
-from ..ps.client import PsClient, merged
+from ..ps.client import PsClient, PsRefused, merged
 from ..ps.partition import partition
 from ..ps.service import PsService
 from ..rendezvous import rendezvous_address
@@ -25,6 +25,9 @@ from ..sharding import shard_fit_data
 from .base import Strategy, Worker
 
 DEFAULT_CHECKPOINT_DIR = "nbdist-checkpoints"
+
+
+MAX_NON_FINITE_IN_A_ROW = 10
 
 
 class PushPull:
@@ -35,6 +38,7 @@ class PushPull:
         self.versions = [0] * len(plan)
         self.staleness = 0
         self.steps = 0
+        self.non_finite = 0  # pushes in a row the PS rejected for NaN / inf
 
     def exchange(self, kind: str) -> list[np.ndarray]:
         """Weights from a `pull` (start of fit) or a `done` (end of fit, after every worker finished)."""
@@ -43,10 +47,26 @@ class PushPull:
     def push(self, *gradients) -> list[np.ndarray]:
         grads = dict(zip(self.names, gradients))
         self.steps += 1
-        replies = self.client.request("push", [{n: grads[n] for n in shard} for shard in self.plan],
-                                      [{"version": v} for v in self.versions], step=self.steps)
+        try:
+            replies = self.client.request("push", [{n: grads[n] for n in shard} for shard in self.plan],
+                                          [{"version": v} for v in self.versions], step=self.steps)
+        except PsRefused as exc:
+            if exc.reason != "non_finite":
+                raise
+            return self._skip_non_finite(exc)
+        self.non_finite = 0
         self.staleness = max(r.header.get("staleness", 0) for r in replies)
         return self._weights(replies)
+
+    def _skip_non_finite(self, refusal) -> list[np.ndarray]:
+        """A NaN / inf gradient is not applied; the step continues from the PS's current weights."""
+        self.non_finite += 1
+        if self.non_finite >= MAX_NON_FINITE_IN_A_ROW:
+            raise FloatingPointError(
+                f"{self.non_finite} gradients in a row held NaN or inf ({refusal}); the PS applied none of them "
+                "and kept its weights. Lower the learning rate, check the inputs for NaN, or add gradient "
+                "scaling, then re-run (with --resume to continue from the last checkpoint).")
+        return self.exchange("pull")
 
     def _weights(self, replies) -> list[np.ndarray]:
         self.versions = [r.header["version"] for r in replies]
@@ -141,14 +161,17 @@ class NfdtStrategy(Strategy):
 
     def __init__(self, options):
         super().__init__(options)
+        for flag, value, least in (("--ps-shards", options.get("ps_shards"), 1),
+                                   ("--max-staleness", options.get("max_staleness"), 0),
+                                   ("--checkpoint-every", options.get("checkpoint_every"), 0.1)):
+            if value is not None and value < least:
+                raise OptionError(f"{flag} takes a number of at least {least}. Received: {flag} {value}")
         self.service: PsService | None = None
         self.cluster = None
 
     def prepare(self, run, cluster) -> dict:
         options = self.options
         shards = options.get("ps_shards") or 1
-        if shards < 1:
-            raise OptionError(f"--ps-shards takes a positive number. Received: --ps-shards {shards}")
         resume = self._checkpoint_to_resume()
         self.cluster = cluster
         self.service = PsService(run.id, shards, len(run.workers), options.get("max_staleness"),
