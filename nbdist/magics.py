@@ -122,13 +122,17 @@ def _parse(magic, line):
     import shlex
 
     known = list(magic.parser._option_string_actions)
-    for token in shlex.split(line):
+    try:
+        tokens = shlex.split(line)  # POSIX quoting: --simulate "speed=1,0.5; latency=5ms" is one value
+    except ValueError as exc:
+        raise UsageError(f"%{magic.__name__}: {exc} (check the quotes). See %{magic.__name__}? for all options.")
+    for token in tokens:
         flag = token.split("=", 1)[0]
         if flag.startswith("-") and not _is_number(flag) and flag not in known:
             close = difflib.get_close_matches(flag, known, n=1)
             hint = f" Did you mean {close[0]}?" if close else ""
             raise UsageError(f"unknown option {flag} for %{magic.__name__}.{hint} See %{magic.__name__}? for all options.")
-    return magic_arguments.parse_argstring(magic, line)
+    return magic.parser.parse_args(tokens)
 
 
 def _is_number(text: str) -> bool:

@@ -32,6 +32,7 @@ class Run:
         events: what happened to the run besides training (a worker died, a checkpoint resumed), with times.
         checkpoint: the last parameter-server checkpoint ({"path", "version", "saved_at", "weights"}).
         ps: each parameter-server shard's counters and push log (PS strategies).
+        notes: what the user should know about the run (an effective momentum that risks divergence).
     """
 
     strategy: str
@@ -49,6 +50,7 @@ class Run:
     events: list[dict] = field(default_factory=list)
     checkpoint: dict | None = None
     ps: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def fits(self) -> list[FitResult]:
@@ -78,7 +80,8 @@ class Run:
         for entry in shard["log"]:
             e = dict(zip(fields, entry))
             records.append(make_record(run=self.id, worker=e["worker"], step=e["step"], t=e["t"],
-                                       staleness=e["staleness"], version=e["version"], phase="push",
+                                       staleness=e["staleness"], gamma=e["gamma"], version=e["version"],
+                                       phase="push", momentum=e["momentum"], comp_norm=e["comp_norm"],
                                        applied=e["outcome"] == "applied", dropped=e["outcome"] == "dropped",
                                        rejected=str(e["outcome"]).startswith("rejected")))
         return records

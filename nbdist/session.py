@@ -128,6 +128,8 @@ class Session:
         for event in run.events_of("worker_died"):
             print(f"nbdist: worker rank {event['rank']} (engine {event['engine']}, host {event['host']}) died "
                   f"{event['after_s']:.1f} s into run {run.id}; the run finished with the other workers.")
+        for note in run.notes:
+            print(note)
         self.replay_locally(run)
         return run
 

@@ -9,7 +9,7 @@ RECORD_FIELDS = (
     "run", "worker", "host", "step", "epoch", "t", "loss", "samples", "samples_per_s",
     "staleness", "gamma", "lr", "phase", "bytes_sent", "comm_s", "compute_s",
 )
-PS_FIELDS = ("version", "applied", "dropped", "rejected")
+PS_FIELDS = ("version", "applied", "dropped", "rejected", "momentum", "comp_norm")  # the last two: delay rules
 
 
 def make_record(**values) -> dict:

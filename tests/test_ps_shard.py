@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from nbdist.ps import launcher, wire
-from nbdist.ps.server import Shard
+from nbdist.ps.server import LOG_FIELDS, Shard
 
 KEY = wire.new_key()
 W0 = {"dense/kernel": np.arange(6, dtype=np.float32).reshape(2, 3), "dense/bias": np.zeros(3, np.float32)}
@@ -40,8 +40,8 @@ def push(shard, worker, version, value=1.0):
 
 def test_push_applies_sgd_and_reports_staleness():
     shard = ready_shard()
-    assert push(shard, 0, 0) == [(b"w0", {"version": 1, "staleness": 0})]
-    assert push(shard, 1, 0) == [(b"w1", {"version": 2, "staleness": 1})]  # computed on version 0, applied at 1
+    assert push(shard, 0, 0) == [(b"w0", {"version": 1, "staleness": 0, "gamma": None})]
+    assert push(shard, 1, 0) == [(b"w1", {"version": 2, "staleness": 1, "gamma": None})]  # computed on version 0, applied at 1
     np.testing.assert_allclose(shard.variables["dense/kernel"], W0["dense/kernel"] - 2 * 0.5)
     assert shard.counts["applied"] == shard.counts["acked"] == 2
 
@@ -61,7 +61,7 @@ def test_max_staleness_one_holds_a_worker_two_steps_ahead():
     assert shard.version == 1
     released = push(shard, 1, 0)  # worker 1 catches up: its push and worker 0's held one go through
     assert [ident for ident, _ in released] == [b"w1", b"w0"] and shard.version == 3
-    assert max(entry[-1] for entry in shard.log) <= 1
+    assert max(entry[LOG_FIELDS.index("lead")] for entry in shard.log) <= 1
 
 
 def test_max_staleness_zero_is_lock_step():
@@ -102,7 +102,7 @@ def test_adam_follows_the_update_count_and_momentum_state_is_kept():
     push(shard, 0, 1)
     # heavy ball: v1 = -0.1, v2 = 0.9 * -0.1 - 0.1 = -0.19; w = w0 - 0.29
     np.testing.assert_allclose(shard.variables["dense/bias"], -0.29, rtol=1e-6)
-    np.testing.assert_allclose(shard.slots["dense/bias"]["m"], -0.19, rtol=1e-6)
+    np.testing.assert_allclose(shard.updater.slots["dense/bias"]["m"], -0.19, rtol=1e-6)
 
 
 # -- a real shard process, real sockets ---------------------------------------------------

@@ -50,6 +50,7 @@ class PsClient:
         self.sockets = [self._connect(a) for a in self.addresses]
         self.last_answer = [time.time()] * len(self.addresses)
         self.bytes_sent = 0
+        self.bytes_received = 0
         self.comm_s = 0.0
         self._stop = threading.Event()
         self._pinger = None
@@ -82,7 +83,9 @@ class PsClient:
             ready = dict(poller.poll(250))
             for i, socket in enumerate(self.sockets):
                 if ready.get(socket):
-                    replies[i] = wire.decode(self.key, socket.recv_multipart(copy=False))
+                    frames = socket.recv_multipart(copy=False)
+                    self.bytes_received += sum(len(f) for f in frames)
+                    replies[i] = wire.decode(self.key, frames)
                     self.last_answer[i] = time.time()
             self._check_alive(replies)
         self.comm_s += time.time() - started

@@ -94,16 +94,22 @@ def apply(spec: OptimizerSpec, w: np.ndarray, g: np.ndarray, state: dict, lr: fl
     arithmetic, with temporaries that stay in cache instead of fresh pages the size of `w`.
     """
     rule = _sgd if spec.name == "SGD" else _adam
-    if w.size <= CHUNK:
-        rule(spec, w, g, state, lr, step)
+    keys = list(state)
+    for w_part, g_part, *slots in chunks([w, g, *state.values()]):
+        rule(spec, w_part, g_part, dict(zip(keys, slots)), lr, step)
+
+
+def chunks(arrays: list[np.ndarray]):
+    """Matching flat views of equally sized C-contiguous arrays, CHUNK elements at a time
+    (the whole arrays when small): elementwise rules then keep their temporaries in cache."""
+    if arrays[0].size <= CHUNK:
+        yield arrays
         return
-    flat_w, flat_g = w.reshape(-1), g.reshape(-1)
-    flat_state = {k: v.reshape(-1) for k, v in state.items()}
-    if not np.shares_memory(flat_w, w) or any(not np.shares_memory(flat_state[k], v) for k, v in state.items()):
+    flat = [a.reshape(-1) for a in arrays]
+    if any(not np.shares_memory(f, a) for f, a in zip(flat, arrays) if a.flags.writeable):
         raise ValueError("update rules need C-contiguous variables and slots")
-    for start in range(0, w.size, CHUNK):
-        part = slice(start, start + CHUNK)
-        rule(spec, flat_w[part], flat_g[part], {k: v[part] for k, v in flat_state.items()}, lr, step)
+    for start in range(0, flat[0].size, CHUNK):
+        yield [f[start:start + CHUNK] for f in flat]
 
 
 def _sgd(spec, w, g, state, lr, step):

@@ -18,18 +18,19 @@ import os
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from . import rules, wire
+from .updaters import make_updater
 
 HEARTBEAT_TIMEOUT_S = 5.0
 ZERO_COPY_FROM = 1 << 16  # bytes: smaller arrays are copied into the message, larger ones sent by reference
 LOG_LIMIT = 500_000  # push-log entries kept; past it the log stops growing (counters go on)
 CONTROLLER = "controller"
 CONTROLLER_KINDS = {"state", "stats", "restore", "stop", "heartbeat"}
-LOG_FIELDS = ("t", "worker", "step", "version", "staleness", "outcome", "lead")
+LOG_FIELDS = ("t", "worker", "step", "version", "staleness", "outcome", "lead", "gamma", "momentum", "comp_norm")
 
 
 @dataclass
@@ -47,11 +48,14 @@ class Shard:
     def __init__(self, config: dict):
         self.index: int = config.get("shard", 0)
         self.max_staleness: int | None = config.get("max_staleness")
+        self.rule: dict | None = config.get("rule")  # None: the cell's optimizer; see updaters.make_updater
+        self.synchronous: bool = bool(config.get("synchronous"))  # ssgd: one averaged update per round
+        self.momentum: float | None = config.get("momentum")
         self.heartbeat_timeout_s: float = config.get("heartbeat_timeout_s", HEARTBEAT_TIMEOUT_S)
         self.max_bytes: int = config.get("max_bytes", wire.DEFAULT_MAX_BYTES)
         self.workers = {k: WorkerState() for k in range(config["workers"])}
         self.variables: dict[str, np.ndarray] = {}
-        self.slots: dict[str, dict[str, np.ndarray]] = {}
+        self.updater = None
         self.frozen: dict[str, np.ndarray] = {}
         self.layout: list = []
         self.spec: rules.OptimizerSpec | None = None
@@ -64,6 +68,7 @@ class Shard:
         self.in_flight: dict[int, tuple] = {}  # id(array) -> (array, zmq trackers of the replies sending it)
         self.waiting: list[tuple[bytes, wire.Message]] = []  # held pulls, pushes and dones, in arrival order
         self.held_replies: list[tuple[bytes, int, int]] = []  # (ident, worker, pushed) under s = 0
+        self.round: dict[int, tuple] = {}  # ssgd: worker -> (ident, step, gradients, batch) of this round
         self.stopping = False
 
     # -- checks ------------------------------------------------------------------------
@@ -151,14 +156,16 @@ class Shard:
                                                   "saved from another model"}
             self.version = self.restored["version"]
         self.spec = rules.OptimizerSpec(**message.header["optimizer"])
+        if self.momentum is not None:  # --momentum overrides the cell's (asgd:momentum=0 in comparisons)
+            self.spec = replace(self.spec, momentum=float(self.momentum))
         for name in names:
             value = np.array(source[name], dtype=message.arrays[name].dtype)
             if value.shape != message.arrays[name].shape:
                 return "error", None, {"message": f"checkpoint {name} has shape {value.shape}, the model "
                                                   f"{message.arrays[name].shape}"}
             self.variables[name] = value
-            fresh = rules.new_state(self.spec, value.shape, value.dtype)
-            self.slots[name] = {s: np.array(source.get(f"{name}:{s}", fresh[s]), value.dtype) for s in fresh}
+        self.updater = make_updater(self.rule, self.spec, self.variables,
+                                    self.restored["arrays"] if self.restored is not None else {})
         self.frozen = {k: np.array(v) for k, v in message.arrays.items() if k not in self.variables}
         self.layout = message.header.get("layout") or []
         self.events.append({"t": time.time(), "event": "init", "version": self.version,
@@ -181,7 +188,7 @@ class Shard:
                 slowest = self.slowest()
                 if slowest is None or pushed <= slowest or not self.workers[worker].alive:
                     self.held_replies.remove(held)
-                    replies.append((ident, "weights", dict(self.variables), {"version": self.version}))
+                    replies.append((ident, "weights", self._weights_for(worker), {"version": self.version}))
                     progressed = True
         return replies
 
@@ -192,10 +199,14 @@ class Shard:
         if message.kind == "pull":
             if not self.initialised:
                 return None
-            return [(ident, "weights", dict(self.variables), {"version": self.version})]
+            return [(ident, "weights", self._weights_for(worker), {"version": self.version})]
         if message.kind == "done":  # the end-of-fit barrier: answered once no live worker is still training
-            return None if self.live() else [(ident, "weights", dict(self.variables), {"version": self.version})]
+            return None if self.live() else [(ident, "weights", self._weights_for(worker), {"version": self.version})]
         return self._try_push(ident, worker, message)
+
+    def _weights_for(self, worker: int) -> dict:
+        self.updater.sent(worker, self.variables)
+        return dict(self.variables)
 
     def _try_push(self, ident, worker, message):
         state = self.workers[worker]
@@ -204,25 +215,46 @@ class Shard:
             others = [self.workers[k].pushed for k in self.live() if k != worker]
             if others and state.pushed + 1 - min(others) > max(bound, 1):
                 return None
-        staleness = self.version - message.header["version"]
-        lr = rules.learning_rate(self.spec, self.version)
-        for name, gradient in message.arrays.items():
-            slots = self.slots[name]
-            for slot in slots:
-                self._unshared(slots, slot)
-            rules.apply(self.spec, self._unshared(self.variables, name), gradient, slots, lr, self.version)
-        self.version += 1
         state.pushed += 1
-        self.counts["applied"] += 1
-        self._log(worker, message.header.get("step"), staleness, "applied")
+        if self.synchronous:
+            self.round[worker] = (ident, message.header.get("step"), message.arrays, message.header.get("batch") or 1)
+            return self._complete_round()
+        staleness = self.version - message.header["version"]
+        info = self._update(message.arrays, worker, staleness)
+        self._log(worker, message.header.get("step"), staleness, info)
+        self.counts["acked"] += 1
         if bound == 0:
             slowest = self.slowest()
             if slowest is not None and state.pushed > slowest:
                 self.held_replies.append((ident, worker, state.pushed))
-                self.counts["acked"] += 1
                 return []
-        self.counts["acked"] += 1
-        return [(ident, "weights", dict(self.variables), {"version": self.version, "staleness": staleness})]
+        return [(ident, "weights", self._weights_for(worker),
+                 {"version": self.version, "staleness": staleness, "gamma": info["gamma"]})]
+
+    def _update(self, grads: dict, worker: int, staleness: int) -> dict:
+        variables = {name: self._unshared(self.variables, name) for name in grads}
+        info = self.updater.apply(variables, grads, worker, staleness, self.version)
+        if info["outcome"] == "applied":
+            self.version += 1
+        self.counts[info["outcome"]] += 1
+        return info
+
+    def _complete_round(self) -> list:
+        """ssgd: once every live worker has pushed, apply their batch-weighted mean once and answer all."""
+        if not self.round or any(k not in self.round for k in self.live()):
+            return []
+        entries, self.round = self.round, {}
+        total = sum(batch for _, _, _, batch in entries.values())
+        mean = {name: sum(grads[name].astype(np.float64) * (batch / total) for _, _, grads, batch in entries.values())
+                .astype(self.variables[name].dtype) for name in self.variables}
+        info = self._update(mean, -1, 0)
+        replies = []
+        for worker, (ident, step, _, _) in entries.items():
+            self._log(worker, step, 0, info)
+            self.counts["acked"] += 1
+            if self.workers[worker].alive:
+                replies.append((ident, "weights", self._weights_for(worker), {"version": self.version, "staleness": 0}))
+        return replies
 
     def sent(self, shared) -> None:
         """Large arrays go out zero-copy: remember, per (array, tracker), what ZeroMQ may still be reading."""
@@ -238,15 +270,16 @@ class Shard:
             container[key] = array = array.copy()
         return array
 
-    def _log(self, worker, step, staleness, outcome):
+    def _log(self, worker, step, staleness, info: dict):
         if len(self.log) < LOG_LIMIT:
-            self.log.append([round(time.time(), 4), worker, step, self.version, staleness, outcome, self.lead()])
+            self.log.append([round(time.time(), 4), worker, step, self.version, staleness, info["outcome"],
+                             self.lead(), info.get("gamma"), info.get("momentum"), info.get("comp_norm")])
 
     def reject(self, reason: str, detail: str, worker=None) -> None:
         self.counts["rejected"] += 1
         self.rejections[reason] += 1
         if isinstance(worker, int) and worker in self.workers:
-            self._log(worker, None, None, f"rejected:{reason}")
+            self._log(worker, None, None, {"outcome": f"rejected:{reason}"})
         print(f"nbdist-ps shard {self.index}: rejected {reason} ({detail}) from worker {worker!r}",
               file=sys.stderr, flush=True)
 
@@ -260,21 +293,19 @@ class Shard:
                                     "silent_s": round(now - w.last_seen, 2)})
                 print(f"nbdist-ps shard {self.index}: worker {k} silent for {now - w.last_seen:.1f} s, dropped",
                       file=sys.stderr, flush=True)
-        return self.release() if dropped else []
+        return (self._complete_round() + self.release()) if dropped else []
 
     def _summary(self) -> dict:
         return {"shard": self.index, "version": self.version, "counts": dict(self.counts),
+                "rule": self.rule, "synchronous": self.synchronous,
                 "rejections": dict(self.rejections), "layout": self.layout, "names": list(self.variables),
                 "optimizer": asdict(self.spec) if self.spec else None,
                 "workers": {k: {"pushed": w.pushed, "alive": w.alive, "done": w.done, "died_at": w.died_at}
                             for k, w in self.workers.items()}}
 
     def _state_arrays(self) -> dict:
-        arrays = dict(self.variables)
-        for name, slots in self.slots.items():
-            arrays.update({f"{name}:{s}": v for s, v in slots.items()})
-        arrays.update(self.frozen)
-        return arrays
+        """Copies (a checkpoint is rare; copies need no tracking while they are sent)."""
+        return {**{n: np.array(v) for n, v in self.variables.items()}, **self.updater.state(), **self.frozen}
 
 
 def serve(config: dict, key: bytes, ready=print) -> None:

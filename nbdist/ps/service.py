@@ -33,14 +33,15 @@ class PsService:
         run_id: the run's number (names the checkpoint file).
         shards: how many shards to start.
         workers: the number of workers the shards will serve.
-        max_staleness: the stale-synchronous bound (None: unbounded).
+        settings: what every shard applies: max_staleness (None: unbounded), rule (None: the
+            cell's optimizer; see updaters.make_updater), synchronous (ssgd rounds).
         checkpoint_dir / checkpoint_every_s: where and how often the PS state is saved.
     """
 
-    def __init__(self, run_id: int, shards: int, workers: int, max_staleness: int | None,
+    def __init__(self, run_id: int, shards: int, workers: int, settings: dict,
                  checkpoint_dir: str, checkpoint_every_s: float):
         self.run_id, self.count, self.workers = run_id, shards, workers
-        self.max_staleness = max_staleness
+        self.settings = settings
         self.checkpoint_dir, self.checkpoint_every_s = checkpoint_dir, checkpoint_every_s
         self.key = wire.new_key()
         self.shards: list[ShardProcess] = []
@@ -54,7 +55,7 @@ class PsService:
     def start(self, bind: str, cluster=None, engines: list[int] | None = None) -> None:
         """Start the shards on this host (engines None) or round-robin on the hosts of `engines`."""
         for i in range(self.count):
-            config = {"shard": i, "workers": self.workers, "max_staleness": self.max_staleness}
+            config = {**self.settings, "shard": i, "workers": self.workers}
             if engines:
                 eid = engines[i % len(engines)]
                 started = cluster.client[eid].apply_async(launcher.start_shard_towards, config, self.key, bind)

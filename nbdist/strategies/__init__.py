@@ -6,6 +6,8 @@ from ..errors import OptionError
 from .base import Option, Strategy, Worker
 from .hfdt import HfdtStrategy
 from .local import LocalStrategy
+from .asgd import (AsgdStrategy, DcAsgdAdaptiveStrategy, DcAsgdKStrategy, DcAsgdStrategy,
+                   DdcAsgdStrategy, SsgdStrategy)
 from .nfdt import NfdtStrategy
 
 # Options every strategy reads; the magic shows them first.
@@ -46,9 +48,31 @@ STRATEGY_OPTIONS: dict[str, Option] = {
     "resume": Option(("--resume",), "start from the newest checkpoint in --checkpoint-dir (or from PATH) "
                      "instead of the model's initial weights", (("nargs", "?"), ("const", "latest"),
                                                                  ("metavar", "PATH"))),
+    "simulate": Option(("--simulate",), "make workers slower to study heterogeneity on one machine: "
+                       "'speed=1,1,0.5,0.25; bandwidth=1g,1g,100m,10m; latency=0,0,5ms,20ms' (one value per "
+                       "worker, or one for all)", (("metavar", "SPEC"),)),
+    "momentum": Option(("--momentum",), "the momentum mu the PS uses instead of the cell optimizer's "
+                       "(asgd:momentum=0 in comparisons; the delay rules' mu, default the optimizer's or 0.9)",
+                       (("type", float), ("metavar", "MU"))),
+    "lam": Option(("--lam",), "dc-asgd's constant compensation strength lambda (default 0.04)",
+                  (("type", float), ("metavar", "LAMBDA"))),
+    "lam0": Option(("--lam0",), "adaptive compensation: lambda_t = lam0/sqrt(MS_k + 1e-7) (default 2)",
+                   (("type", float), ("metavar", "LAMBDA0"))),
+    "p": Option(("--p",), "ddc-asgd: gamma = ((tau_bar+1)/(tau+1))**p (default 1; 0 turns it off)",
+                (("type", float), ("metavar", "P"))),
+    "gamma_min": Option(("--gamma-min",), "ddc-asgd: the smallest step scale gamma (default 0.1)",
+                        (("type", float), ("metavar", "G"))),
+    "kappa": Option(("--kappa",), "ddc-asgd: the compensation is clipped to kappa*|g| (default 1; inf: no clip)",
+                    (("type", float), ("metavar", "K"))),
+    "tau_drop": Option(("--tau-drop",), "ddc-asgd: drop a push with tau > tau_drop*(tau_bar+1) (default 8; "
+                       "inf: never)", (("type", float), ("metavar", "T"))),
+    "rho": Option(("--rho",), "ddc-asgd: decay of the running mean delay tau_bar (default 0.9)",
+                  (("type", float), ("metavar", "RHO"))),
 }
 
-REGISTRY: dict[str, type[Strategy]] = {cls.name: cls for cls in (LocalStrategy, HfdtStrategy, NfdtStrategy)}
+REGISTRY: dict[str, type[Strategy]] = {cls.name: cls for cls in (LocalStrategy, HfdtStrategy, NfdtStrategy, AsgdStrategy, DcAsgdStrategy,
+                                                             DcAsgdAdaptiveStrategy, DcAsgdKStrategy, DdcAsgdStrategy,
+                                                             SsgdStrategy)}
 
 
 def strategy_names() -> list[str]:

@@ -15,6 +15,7 @@ from dataclasses import asdict
 import numpy as np
 
 from ..errors import OptionError, ParameterServerFailed
+from ..hetero import Slowdown, parse_simulate
 from ..keras_bridge import build_for_training
 from ..ps import checkpoint, rules
 from ..ps.client import PsClient, PsRefused, merged
@@ -33,10 +34,14 @@ MAX_NON_FINITE_IN_A_ROW = 10
 class PushPull:
     """The worker's side of one step: push this gradient, receive the weights to compute on next."""
 
-    def __init__(self, client: PsClient, plan: list[list[str]], names: list[str]):
+    def __init__(self, client: PsClient, plan: list[list[str]], names: list[str], batch_size: int | None = None,
+                 slowdown: Slowdown | None = None):
         self.client, self.plan, self.names = client, plan, names
+        self.batch_size = batch_size  # weights this worker's gradients in a synchronous (ssgd) average
+        self.slowdown = slowdown or Slowdown(None)
         self.versions = [0] * len(plan)
         self.staleness = 0
+        self.gamma = None
         self.steps = 0
         self.non_finite = 0  # pushes in a row the PS rejected for NaN / inf
 
@@ -47,15 +52,22 @@ class PushPull:
     def push(self, *gradients) -> list[np.ndarray]:
         grads = dict(zip(self.names, gradients))
         self.steps += 1
+        self.slowdown.before_exchange()
+        moved = self.client.bytes_sent + self.client.bytes_received
         try:
             replies = self.client.request("push", [{n: grads[n] for n in shard} for shard in self.plan],
-                                          [{"version": v} for v in self.versions], step=self.steps)
+                                          [{"version": v} for v in self.versions], step=self.steps,
+                                          batch=self.batch_size)
         except PsRefused as exc:
             if exc.reason != "non_finite":
                 raise
             return self._skip_non_finite(exc)
+        finally:
+            self.slowdown.after_exchange(self.client.bytes_sent + self.client.bytes_received - moved)
         self.non_finite = 0
         self.staleness = max(r.header.get("staleness", 0) for r in replies)
+        gammas = [r.header["gamma"] for r in replies if r.header.get("gamma") is not None]
+        self.gamma = min(gammas) if gammas else None
         return self._weights(replies)
 
     def _skip_non_finite(self, refusal) -> list[np.ndarray]:
@@ -74,7 +86,7 @@ class PushPull:
         return [np.array(new[name]) for name in self.names]  # own copies: the frames are read-only
 
     def metrics(self) -> dict:
-        return {"staleness": self.staleness, "bytes_sent": self.client.bytes_sent,
+        return {"staleness": self.staleness, "gamma": self.gamma, "bytes_sent": self.client.bytes_sent,
                 "comm_s": round(self.client.comm_s, 4)}
 
 
@@ -84,13 +96,18 @@ class NfdtWorker(Worker):
     def fit(self, request):
         model, optimizer = request.model, request.model.optimizer
         spec = rules.spec_from_keras(optimizer)  # refuse an optimizer the PS cannot apply, before any work
+        if self.config.get("rule") and spec.name != "SGD":
+            raise OptionError(f"--strategy {self.spec['strategy']} is an SGD rule (learning rate and momentum from "
+                              f"the cell's optimizer); the cell compiled {spec.name}. Compile with "
+                              "keras.optimizers.SGD(lr, momentum=...), or use --strategy asgd to keep your optimizer.")
         data = shard_fit_data(request, self.rank, self.size)
         build_for_training(model, data["x"])
         variables = list(model.trainable_variables)
         names = variable_names(model)["trainable"]
         plan = partition({n: int(np.prod(v.shape)) for n, v in zip(names, variables)}, len(self.config["shards"]))
         client = PsClient(self.config["shards"], bytes.fromhex(self.config["key"]), self.rank)
-        step = PushPull(client, plan, names)
+        step = PushPull(client, plan, names, request.samples_per_step,
+                        Slowdown((self.config.get("simulate") or [None] * self.size)[self.rank]))
         original_apply = optimizer.apply_gradients
         try:
             if self.rank == 0:
@@ -152,10 +169,34 @@ def _pushed(step: PushPull, variables):
     return apply
 
 
+DIVERGENCE_RISK = 0.95
+
+
+def momentum_note(run) -> str | None:
+    """For the cell's own optimizer on several async workers: the effective momentum, explicit plus
+    about tau_bar/(tau_bar+1) from asynchrony (Mitliagkas et al., 2016), with a warning above 0.95."""
+    if not run.ps or len(run.workers) < 2 or run.ps[0].get("rule"):
+        return None
+    optimizer = run.ps[0].get("optimizer") or {}
+    mu = float(optimizer.get("momentum") or 0.0)
+    staleness = [r["staleness"] for r in run.push_records if r["applied"]]
+    if optimizer.get("name") != "SGD" or mu <= 0 or not staleness:
+        return None
+    tau_bar = sum(staleness) / len(staleness)
+    effective = mu + tau_bar / (tau_bar + 1)
+    note = (f"nbdist: effective momentum ~ {effective:.2f} (momentum {mu:g} of the optimizer plus "
+            f"{tau_bar / (tau_bar + 1):.2f} from asynchrony at mean staleness {tau_bar:.1f}).")
+    if effective > DIVERGENCE_RISK:
+        note += (f" Above {DIVERGENCE_RISK} training may diverge: lower the optimizer's momentum, or use "
+                 "--strategy ddc-asgd, which reduces the momentum by the measured delay.")
+    return note
+
+
 class NfdtStrategy(Strategy):
     name = "nfdt"
     summary = "asynchronous data parallel through nbdist's parameter server (the user's optimizer)"
-    options = ("ps_shards", "ps_on", "max_staleness", "checkpoint_every", "checkpoint_dir", "resume")
+    options = ("ps_shards", "ps_on", "max_staleness", "checkpoint_every", "checkpoint_dir", "resume", "simulate",
+               "momentum")
     worker_class = NfdtWorker
     survives_worker_loss = True
 
@@ -172,9 +213,10 @@ class NfdtStrategy(Strategy):
     def prepare(self, run, cluster) -> dict:
         options = self.options
         shards = options.get("ps_shards") or 1
+        profiles = parse_simulate(options.get("simulate"), len(run.workers))
         resume = self._checkpoint_to_resume()
         self.cluster = cluster
-        self.service = PsService(run.id, shards, len(run.workers), options.get("max_staleness"),
+        self.service = PsService(run.id, shards, len(run.workers), self.shard_settings(len(run.workers)),
                                  options.get("checkpoint_dir") or DEFAULT_CHECKPOINT_DIR,
                                  float(options.get("checkpoint_every") or 30))
         towards = rendezvous_address(cluster.client, all(cluster.is_local(e) for e in run.workers))
@@ -184,7 +226,15 @@ class NfdtStrategy(Strategy):
             self.service.restore(resume)
             run.events.append({"t": time.time(), "event": "resumed", "path": resume["path"],
                                "version": resume.get("version")})
-        return {"shards": self.service.addresses, "key": self.service.key.hex()}
+        settings = self.shard_settings(len(run.workers))
+        return {"shards": self.service.addresses, "key": self.service.key.hex(),
+                "rule": (settings["rule"] or {}).get("preset"),
+                "simulate": [p.to_json() for p in profiles]}
+
+    def shard_settings(self, workers: int) -> dict:
+        """How the shards treat pushes: here the cell's optimizer, asynchronously (subclasses change it)."""
+        return {"max_staleness": self.options.get("max_staleness"), "rule": None, "synchronous": False,
+                "momentum": self.options.get("momentum")}
 
     def _checkpoint_to_resume(self) -> dict | None:
         choice = self.options.get("resume")
@@ -218,3 +268,6 @@ class NfdtStrategy(Strategy):
         run.events += [e for shard in outcome["shards"] for e in shard.get("events", [])
                        if e["event"] == "worker_dropped"]
         self.service = None
+        note = momentum_note(run)
+        if note:
+            run.notes.append(note)

@@ -1,0 +1,61 @@
+"""The delay-compensated rules and ssgd on real engines and a real parameter server."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from tests.test_nfdt import SGD_CELL, idle_engines
+
+pytestmark = pytest.mark.cluster
+
+
+def pushes(kernel) -> list[dict]:
+    return kernel.value("[{k: r[k] for k in ('worker', 'staleness', 'gamma', 'momentum', 'comp_norm', 'applied', "
+                        "'dropped')} for r in nbdist.last_run.push_records]")
+
+
+def test_slow_workers_push_stale_gradients_and_ddc_asgd_scales_them_down(kernel, cluster):
+    idle_engines(cluster, 4)
+    cell = SGD_CELL.format(lr=0.05, batch=32, epochs=1, steps=12, shuffle=True)
+    kernel.run('%%distribute --strategy ddc-asgd --workers 4 --simulate "speed=1,1,0.5,0.25"\n' + cell,
+               timeout=300).check()
+    log = pushes(kernel)
+    slow = [p for p in log if p["worker"] in (2, 3)]
+    fast = [p for p in log if p["worker"] in (0, 1)]
+    assert len(slow) == len(fast) == 24
+    assert all(max(p["staleness"] for p in log if p["worker"] == k) > 0 for k in (2, 3))
+    assert all(min(p["gamma"] for p in log if p["worker"] == k) < 1 for k in (2, 3))
+    assert statistics.mean(p["gamma"] for p in slow) < statistics.mean(p["gamma"] for p in fast)
+    applied = [p for p in log if p["applied"]]
+    assert all(p["comp_norm"] is not None and 0 <= p["momentum"] <= 0.9 for p in applied)
+    assert min(p["momentum"] for p in applied) < 0.9  # the measured delay took momentum away
+
+
+def test_ssgd_with_two_workers_equals_one_worker_with_twice_the_batch(kernel):
+    cell = SGD_CELL.format(lr=0.1, batch="{batch}", epochs=1, steps=8, shuffle=False)
+    kernel.run("%%distribute --strategy local --seed 4\n" + cell.format(batch=64), timeout=180).check()
+    kernel.run("sequential = model.get_weights()").check()
+    kernel.run("%%distribute --strategy ssgd --workers 2 --seed 4\n" + cell.format(batch=32), timeout=180).check()
+    diff = kernel.value("max(float(abs(a - b).max()) for a, b in zip(sequential, model.get_weights()))")
+    assert diff <= 1e-5, diff
+    assert kernel.value("nbdist.last_run.ps[0]['version']") == 8  # one update per round of 2 pushes
+    assert {p["staleness"] for p in pushes(kernel)} == {0}
+
+
+def test_momentum_on_async_workers_is_reported_with_a_warning(kernel):
+    cell = SGD_CELL.format(lr=0.05, batch=32, epochs=1, steps=10, shuffle=True).replace(
+        "SGD(0.05)", "SGD(0.05, momentum=0.9)")
+    reply = kernel.run("%%distribute --strategy asgd --workers 2\n" + cell, timeout=180).check()
+    assert "effective momentum ~" in reply.stdout
+    tau_bar = kernel.value("(lambda s: sum(s) / len(s))([r['staleness'] for r in nbdist.last_run.push_records])")
+    if 0.9 + tau_bar / (tau_bar + 1) > 0.95:
+        assert "may diverge" in reply.stdout and "--strategy ddc-asgd" in reply.stdout
+
+
+def test_delay_rules_refuse_adam_by_name(kernel):
+    cell = SGD_CELL.format(lr=0.05, batch=32, epochs=1, steps=2, shuffle=True).replace(
+        "keras.optimizers.SGD(0.05)", "keras.optimizers.Adam()")
+    reply = kernel.run("%%distribute --strategy dc-asgd-a --workers 1\n" + cell, timeout=180)
+    assert reply.ename == "OptionError" and "compiled Adam" in reply.evalue and "--strategy asgd" in reply.evalue
