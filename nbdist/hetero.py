@@ -9,11 +9,14 @@ stragglers are reproducible on one machine; real slow hosts need no flag.
 from __future__ import annotations
 
 import re
+import statistics
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 
 from .errors import OptionError
 
+STEP_WINDOW = 9  # steps whose median is "the measured step time"
 _UNITS_BPS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9}
 _UNITS_S = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}
 
@@ -73,6 +76,7 @@ class Slowdown:
     def __init__(self, profile: Profile | dict | None):
         self.profile = Profile(**profile) if isinstance(profile, dict) else (profile or Profile())
         self._compute_started: float | None = None
+        self._recent: deque[float] = deque(maxlen=STEP_WINDOW)
         self.slept_s = 0.0
 
     @property
@@ -81,9 +85,14 @@ class Slowdown:
         return p.speed < 1 or p.bandwidth_bps is not None or p.latency_s > 0
 
     def before_exchange(self) -> None:
-        """Stretch the step that just ended to 1/speed of its measured compute time."""
+        """Stretch the step that just ended to 1/speed of this worker's step time.
+
+        The step time is the median of the last few measured steps, so a one-off pause
+        between two steps (tracing, validation at an epoch's end) is not stretched too.
+        """
         if self._compute_started is not None and self.profile.speed < 1:
-            self._sleep((time.perf_counter() - self._compute_started) * (1 / self.profile.speed - 1))
+            self._recent.append(time.perf_counter() - self._compute_started)
+            self._sleep(statistics.median(self._recent) * (1 / self.profile.speed - 1))
 
     def after_exchange(self, bytes_moved: int) -> None:
         """Charge the link for one exchange, then start timing the next step's compute."""

@@ -79,6 +79,19 @@ def strategy_names() -> list[str]:
     return sorted(REGISTRY)
 
 
+def option_line(options: dict) -> str:
+    """The `%%distribute` line that gives these option values (dest -> value), quoted for the magic."""
+    import shlex
+
+    flags = {o.dest: o.flags[-1] for o in (*COMMON_OPTIONS, *STRATEGY_OPTIONS.values())}
+    parts = []
+    for dest, value in options.items():
+        if dest not in flags:
+            raise OptionError(f"no %%distribute option for {dest!r}")
+        parts.append(f"{flags[dest]} {shlex.quote(str(value))}")
+    return " ".join(parts)
+
+
 def make_strategy(options: dict) -> Strategy:
     """The strategy named by `options['strategy']`, after checking it reads every option given."""
     name = options.get("strategy")
@@ -95,4 +108,4 @@ def make_strategy(options: dict) -> Strategy:
 
 
 __all__ = ["COMMON_OPTIONS", "STRATEGY_OPTIONS", "Option", "REGISTRY", "Strategy", "Worker",
-           "make_strategy", "strategy_names"]
+           "make_strategy", "option_line", "strategy_names"]
