@@ -10,6 +10,8 @@ import sys
 import textwrap
 import time
 
+from nbdist.experiments import notebook_shell  # noqa: F401 (the benchmarks' shell: a notebook kernel's)
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # Runs in the notebook, on the engines (as a definition cell) and in plain scripts alike.
@@ -97,17 +99,6 @@ def steady_samples_per_s(epoch_seconds: list[float], samples: int) -> float:
     """Samples/s of the median epoch after the first (which includes tracing); the median shrugs
     off an epoch that a noisy neighbour slowed down."""
     return samples / statistics.median(epoch_seconds[1:] or epoch_seconds)
-
-
-def notebook_shell():
-    """A real IPython shell with nbdist loaded, as a notebook kernel has."""
-    from IPython.testing.globalipapp import start_ipython
-
-    import nbdist
-
-    shell = start_ipython()
-    shell.run_line_magic("load_ext", "nbdist")
-    return shell, nbdist.get_session(shell)
 
 
 def print_table(header: list[str], rows: list[list[str]]) -> None:

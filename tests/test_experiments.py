@@ -1,0 +1,45 @@
+"""The comparison tool's parsing and summaries (the runs themselves are the integration tests' job)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from nbdist.errors import OptionError
+from nbdist.experiments import markdown, parse_rows, summarise
+from nbdist.strategies import option_line
+
+
+def test_rows_carry_their_options_with_the_magics_types():
+    rows = parse_rows("local, asgd:momentum=0, ddc-asgd:p=2:tau-drop=inf")
+    assert [(r.label, r.strategy, r.options) for r in rows] == [
+        ("local", "local", {}), ("asgd:momentum=0", "asgd", {"momentum": 0.0}),
+        ("ddc-asgd:p=2:tau-drop=inf", "ddc-asgd", {"p": 2.0, "tau_drop": math.inf})]
+
+
+@pytest.mark.parametrize("text, message", [("sgdx", "unknown strategy 'sgdx'"),
+                                           ("dc-asgd:p=2", "dc-asgd has no option 'p'")])
+def test_bad_rows_name_the_problem(text, message):
+    with pytest.raises(OptionError, match=message):
+        parse_rows(text)
+
+
+def test_option_line_round_trips_through_the_magic_flags():
+    line = option_line({"strategy": "ddc-asgd", "workers": 4, "simulate": "speed=1,0.5; latency=5ms", "tau_drop": 8})
+    assert line == "--strategy ddc-asgd --workers 4 --simulate 'speed=1,0.5; latency=5ms' --tau-drop 8"
+
+
+def test_summary_is_mean_and_std_over_seeds_in_row_order():
+    results = [{"label": label, "accuracy": acc, "wall_s": 10.0, "staleness_mean": 1.0, "staleness_max": m,
+                "dropped": 0, "error": None}
+               for label, acc, m in (("b", 0.8, 3), ("a", 0.7, 1), ("b", 0.6, 5))]
+    summary = summarise(results)
+    assert [s["label"] for s in summary] == ["b", "a"]
+    assert summary[0]["accuracy_mean"] == pytest.approx(0.7) and summary[0]["accuracy_std"] == pytest.approx(0.1414, abs=1e-4)
+    assert summary[0]["staleness_max"] == 5 and summary[1]["accuracy_std"] == 0.0
+
+    class Args:
+        workers, samples, hidden, lr, momentum, batch, epochs, seeds, simulate = 4, 8000, 128, 0.05, 0.9, 64, 2, 2, None
+    table = markdown(summary, "python -m nbdist.experiments compare", Args)
+    assert "| b | 0.7000 +- 0.1414 | 10.0 | 1.00 | 5 | 0 |" in table
