@@ -10,7 +10,7 @@ from . import report
 from .progress import TextProgress
 from .strategies import COMMON_OPTIONS, STRATEGY_OPTIONS, strategy_names
 
-DIST_ACTIONS = ("start", "connect", "stop", "status", "runs")
+DIST_ACTIONS = ("start", "connect", "stop", "status", "runs", "wait")
 
 
 def _with_strategy_options(func):
@@ -52,6 +52,7 @@ class NbdistMagics(Magics):
             %dist connect --profile mycluster
             %dist status                     # one row per engine
             %dist runs                       # the runs of this kernel
+            %dist wait                       # until the last --background run ends
             %dist stop
         """
         args = _parse(self.dist, line)
@@ -74,6 +75,8 @@ class NbdistMagics(Magics):
             print(report.engine_table(session.require_cluster().inventory()))
         elif args.action == "runs":
             print(report.run_table(session.runs))
+        elif args.action == "wait":
+            session.wait()
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument("mode", nargs="?", choices=["define"],
@@ -102,7 +105,10 @@ class NbdistMagics(Magics):
         if args.name is not None:
             raise UsageError("--name applies to `%%distribute define` cells only")
         options = {k: v for k, v in vars(args).items() if k not in ("mode", "name")}
-        self.session.distribute(cell, options, on_progress=TextProgress)
+        run = self.session.distribute(cell, options, on_progress=_progress_display(options["progress"]))
+        if options.get("background"):
+            print(f"nbdist: run {run.id} training in the background on engine(s) {run.workers}; "
+                  "nbdist.last_run is its handle, %dist wait blocks until it ends.")
 
     def _define(self, args, cell):
         given = [o.flags[-1] for o in (*COMMON_OPTIONS, *STRATEGY_OPTIONS.values())
@@ -114,6 +120,22 @@ class NbdistMagics(Magics):
         if not outcome.success:
             raise UsageError("the definition cell failed here (see above), so it was not recorded")
         self.session.record_definition(cell, name=args.name or cell_id)
+
+
+def _progress_display(choice: str):
+    """The on_progress factory: the widget dashboard where a widget front end is connected, else text."""
+    if choice == "auto":
+        try:
+            from ipywidgets import Widget
+
+            choice = "dashboard" if Widget._control_comm is not None else "text"
+        except ImportError:
+            choice = "text"
+    if choice == "dashboard":
+        from .widgets import Dashboard  # the only import of the widgets (DESIGN.md section 3)
+
+        return Dashboard
+    return TextProgress if choice == "text" else None
 
 
 def _parse(magic, line):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -51,12 +52,20 @@ class Run:
     checkpoint: dict | None = None
     ps: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    hosts: dict[int, dict] = field(default_factory=dict)  # engine id -> {"host", "gpus"}
+    controller: object = field(default=None, repr=False)  # the strategy object while it runs
+    thread: object = field(default=None, repr=False)  # the `Background` of a --background run not yet waited for
+    display: object = field(default=None, repr=False)  # its dashboard or progress line
+    stop_requested: bool = field(default=False, repr=False)  # set from another thread: stop as an interrupt would
 
     @property
     def fits(self) -> list[FitResult]:
-        """The results of the first worker (in rank order) that finished, one per `fit` call:
-        what the notebook's model receives."""
-        return next((self.results[eid] for eid in self.workers if self.results.get(eid)), [])
+        """The results of the first worker (in rank order) that finished and was not evicted, one per
+        `fit` call: what the notebook's model receives."""
+        evicted = {self.workers[e["value"]] for e in self.events_of("control:evict")
+                   if isinstance(e["value"], int) and e["value"] < len(self.workers)}
+        order = [eid for eid in self.workers if eid not in evicted] + [eid for eid in self.workers if eid in evicted]
+        return next((self.results[eid] for eid in order if self.results.get(eid)), [])
 
     @property
     def history(self) -> dict:
@@ -98,6 +107,17 @@ class Run:
             return None
         return (self.ended_at or time.time()) - self.started_at
 
+    def control(self, action: str, value=None) -> list[dict]:
+        """Act on the running job: pause, resume, stop, lr_scale (x), max_staleness (s or None), evict (rank).
+
+        Returns each parameter-server shard's acknowledgement (its control state).
+        """
+        if self.status != "running" or self.controller is None:
+            raise errors.OptionError(f"run {self.id} is {self.status}; only a running run takes controls.")
+        acks = self.controller.control(action, value)
+        self.events.append({"t": time.time(), "event": f"control:{action}", "value": value})
+        return acks
+
     def events_of(self, kind: str) -> list[dict]:
         return [e for e in self.events if e["event"] == kind]
 
@@ -113,7 +133,9 @@ def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None) -> Run
         EngineDied: an engine died; the other workers were stopped.
         RunInterrupted: the user interrupted the kernel; every worker was stopped.
     """
-    run.status, run.started_at = "running", time.time()
+    run.status, run.started_at, run.controller = "running", time.time(), strategy
+    run.hosts = {eid: {"host": cluster.info(eid).host, "gpus": list(cluster.info(eid).gpus or [])}
+                 for eid in run.workers}
     pending: dict = {}
     try:
         config = strategy.prepare(run, cluster)
@@ -130,6 +152,7 @@ def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None) -> Run
     finally:
         run.ended_at = time.time()
         strategy.finish(run)
+        run.controller = None
     return run
 
 
@@ -140,9 +163,35 @@ def _submit(run: Run, cluster: ClusterHandle, config: dict) -> dict:
             for rank, eid in enumerate(run.workers)}
 
 
+class Background:
+    """A run's training in a daemon thread; `reraise` hands its error to whoever waits for it."""
+
+    def __init__(self, target):
+        self.error: BaseException | None = None
+
+        def body():
+            try:
+                target()
+            except BaseException as exc:  # kept for the waiter: a thread cannot raise into the notebook
+                self.error = exc
+
+        self.thread = threading.Thread(target=body, name="nbdist-background-run", daemon=True)
+        self.thread.start()
+
+    def join(self) -> None:
+        while self.thread.is_alive():  # short joins, so the kernel's interrupt reaches the waiter
+            self.thread.join(POLL_S)
+
+    def reraise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
 def _wait(run: Run, cluster: ClusterHandle, strategy, pending: dict, on_progress) -> None:
     waiting = dict(pending)
     while waiting:
+        if run.stop_requested:
+            raise KeyboardInterrupt
         next(iter(waiting.values())).wait(POLL_S)
         alive = set(cluster.ids())
         for eid, ar in list(waiting.items()):

@@ -108,7 +108,11 @@ class Session:
 
     # -- training cells ------------------------------------------------------------------
     def distribute(self, cell: str, options: dict, on_progress=None) -> runs.Run:
-        """Train the cell on the engines, then run it here with `fit` installing the results."""
+        """Train the cell on the engines, then run it here with `fit` installing the results.
+
+        With `options["background"]` the training runs in a thread and this returns the Run at
+        once; `wait` blocks until it ends and installs the results.
+        """
         if not cell.strip():
             raise OptionError("%%distribute needs a training cell below the magic line, with a model.fit(...) call.")
         strategy = make_strategy(options)
@@ -120,18 +124,45 @@ class Session:
         run = runs.Run(strategy=strategy.name, options=dict(options), workers=workers, cell=cell)
         self.runs.append(run)
         progress = on_progress(run) if on_progress else None
+        run.display = progress
+
+        def train():
+            try:
+                runs.execute(run, cluster, strategy, on_progress=progress)
+            finally:
+                if progress is not None:
+                    progress.close()
+
+        if options.get("background"):
+            run.thread = runs.Background(train)
+            return run
+        train()
+        self._conclude(run)
+        return run
+
+    def wait(self, run: runs.Run | None = None) -> runs.Run:
+        """Block until a --background run ends (the last one by default), then install its results here."""
+        pending = [r for r in self.runs if r.thread is not None]
+        run = run or (pending[-1] if pending else None)
+        if run is None or run.thread is None:
+            raise OptionError("no --background run to wait for (see %dist runs).")
         try:
-            runs.execute(run, cluster, strategy, on_progress=progress)
-        finally:
-            if progress is not None:
-                progress.close()
+            run.thread.join()
+        except KeyboardInterrupt:
+            run.stop_requested = True  # the run's own loop stops its engines and reports it
+            run.thread.join()
+        thread, run.thread = run.thread, None
+        thread.reraise()
+        self._conclude(run)
+        return run
+
+    def _conclude(self, run: runs.Run) -> None:
         for event in run.events_of("worker_died"):
             print(f"nbdist: worker rank {event['rank']} (engine {event['engine']}, host {event['host']}) died "
                   f"{event['after_s']:.1f} s into run {run.id}; the run finished with the other workers.")
         for note in run.notes:
             print(note)
         self.replay_locally(run)
-        return run
 
     def replay_locally(self, run: runs.Run) -> None:
         """Run the training cell in the notebook with each `fit` returning the run's result."""

@@ -81,6 +81,7 @@ def keras_reporter(run_id: str, worker: int, batch_size: int | None, publish=Non
             if publish is not None:
                 publish({
                     "record": record,
+                    "batch_size": batch_size,
                     "epochs": self.params.get("epochs"),
                     "steps": self.params.get("steps"),
                     "batch": batch_in_epoch,

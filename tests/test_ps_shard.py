@@ -40,8 +40,8 @@ def push(shard, worker, version, value=1.0):
 
 def test_push_applies_sgd_and_reports_staleness():
     shard = ready_shard()
-    assert push(shard, 0, 0) == [(b"w0", {"version": 1, "staleness": 0, "gamma": None})]
-    assert push(shard, 1, 0) == [(b"w1", {"version": 2, "staleness": 1, "gamma": None})]  # computed on version 0, applied at 1
+    assert push(shard, 0, 0) == [(b"w0", {"version": 1, "staleness": 0, "gamma": None, "stop": False})]
+    assert push(shard, 1, 0) == [(b"w1", {"version": 2, "staleness": 1, "gamma": None, "stop": False})]  # computed on version 0, applied at 1
     np.testing.assert_allclose(shard.variables["dense/kernel"], W0["dense/kernel"] - 2 * 0.5)
     assert shard.counts["applied"] == shard.counts["acked"] == 2
 
@@ -92,6 +92,46 @@ def test_done_is_a_barrier_over_live_workers():
     assert shard.handle(b"w0", message("done", worker=0)) == []
     replies = shard.handle(b"w1", message("done", worker=1))
     assert sorted(r[0] for r in replies) == [b"w0", b"w1"]
+
+
+def control(shard, action, value=None):
+    (_, kind, _, state), *released = shard.handle(b"ctl", message("control", worker="controller", action=action,
+                                                                   value=value))
+    assert kind == "ok"
+    return state, [(ident, fields) for ident, _, _, fields in released]
+
+
+def test_pause_holds_every_push_and_resume_applies_them():
+    shard = ready_shard()
+    state, _ = control(shard, "pause")
+    assert state["paused"] and push(shard, 0, 0) == [] and shard.version == 0
+    _, released = control(shard, "resume")
+    assert [ident for ident, _ in released] == [b"w0"] and shard.version == 1
+
+
+def test_learning_rate_multiplier_scales_the_next_updates():
+    shard = ready_shard()
+    control(shard, "lr_scale", 0.5)
+    push(shard, 0, 0)
+    np.testing.assert_allclose(shard.variables["dense/bias"], -0.25)  # 0.5 x lr 0.5 x gradient 1
+    assert shard.log[-1][LOG_FIELDS.index("lr")] == 0.25
+
+
+def test_evicted_worker_is_told_to_stop_and_no_longer_holds_anyone_back():
+    shard = ready_shard(max_staleness=1)
+    push(shard, 0, 0)
+    assert push(shard, 0, 1) == []  # held: worker 1 has not pushed
+    state, released = control(shard, "evict", 1)
+    assert state["evicted"] == [1] and [ident for ident, _ in released] == [b"w0"]
+    (ident, fields), = push(shard, 1, 0)
+    assert fields["stop"] is True and shard.version == 2  # worker 1's push was not applied
+    assert [r[0] for r in shard.handle(b"w0", message("done", worker=0))] == [b"w0"]  # the barrier ignores it
+
+
+def test_graceful_stop_tells_every_worker_to_end_its_fit():
+    shard = ready_shard()
+    control(shard, "stop")
+    assert push(shard, 0, 0)[0][1]["stop"] is True and shard.version == 1  # the last push still counts
 
 
 def test_adam_follows_the_update_count_and_momentum_state_is_kept():

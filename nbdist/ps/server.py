@@ -29,8 +29,10 @@ HEARTBEAT_TIMEOUT_S = 5.0
 ZERO_COPY_FROM = 1 << 16  # bytes: smaller arrays are copied into the message, larger ones sent by reference
 LOG_LIMIT = 500_000  # push-log entries kept; past it the log stops growing (counters go on)
 CONTROLLER = "controller"
-CONTROLLER_KINDS = {"state", "stats", "restore", "stop", "heartbeat"}
-LOG_FIELDS = ("t", "worker", "step", "version", "staleness", "outcome", "lead", "gamma", "momentum", "comp_norm")
+CONTROLLER_KINDS = {"state", "stats", "restore", "stop", "heartbeat", "control"}
+CONTROL_ACTIONS = ("pause", "resume", "stop", "lr_scale", "max_staleness", "evict")
+LOG_FIELDS = ("t", "worker", "step", "version", "staleness", "outcome", "lead", "gamma", "momentum", "comp_norm",
+              "lr")
 
 
 @dataclass
@@ -39,6 +41,7 @@ class WorkerState:
     last_seen: float | None = None  # None until its first message: importing TensorFlow is not death
     alive: bool = True
     done: bool = False
+    evicted: bool = False
     died_at: float | None = None
 
 
@@ -70,6 +73,9 @@ class Shard:
         self.held_replies: list[tuple[bytes, int, int]] = []  # (ident, worker, pushed) under s = 0
         self.round: dict[int, tuple] = {}  # ssgd: worker -> (ident, step, gradients, batch) of this round
         self.stopping = False
+        self.paused = False  # control: hold every pull and push, so the version stands still
+        self.finishing = False  # control: graceful stop, every push reply tells its worker to end its fit
+        self.lr_scale = 1.0
 
     # -- checks ------------------------------------------------------------------------
     @property
@@ -77,7 +83,7 @@ class Shard:
         return bool(self.variables)
 
     def live(self) -> list[int]:
-        return [k for k, w in self.workers.items() if w.alive and not w.done]
+        return [k for k, w in self.workers.items() if w.alive and not w.done and not w.evicted]
 
     def slowest(self) -> int | None:
         counts = [self.workers[k].pushed for k in self.live()]
@@ -127,8 +133,11 @@ class Shard:
         if kind == "state":
             return [(ident, "state", self._state_arrays(), self._summary())]
         if kind == "stats":
-            return [(ident, "stats", None, {**self._summary(), "log_fields": LOG_FIELDS, "log": self.log,
-                                             "events": self.events})]
+            since = int(message.header.get("since") or 0)
+            return [(ident, "stats", None, {**self._summary(), "log_fields": LOG_FIELDS, "log": self.log[since:],
+                                             "since": since, "events": self.events})]
+        if kind == "control":
+            return [(ident, "ok", None, self._control(message.header)), *self._complete_round(), *self.release()]
         if kind == "restore":
             self.restored = {"arrays": {k: np.array(v) for k, v in message.arrays.items()},
                              "version": int(message.header.get("version", 0))}
@@ -192,10 +201,43 @@ class Shard:
                     progressed = True
         return replies
 
+    def _control(self, header: dict) -> dict:
+        """Apply one dashboard control; the reply (the shard's control state) is the acknowledgement."""
+        action, value = header.get("action"), header.get("value")
+        if action not in CONTROL_ACTIONS:
+            raise wire.Rejected("malformed", f"unknown control {action!r}; one of {CONTROL_ACTIONS}")
+        if action in ("pause", "resume"):
+            self.paused = action == "pause"
+        elif action == "stop":
+            self.finishing, self.paused = True, False
+        elif action == "lr_scale":
+            if not isinstance(value, (int, float)) or not value > 0:
+                raise wire.Rejected("malformed", f"lr_scale must be a positive number, not {value!r}")
+            self.lr_scale = float(value)
+        elif action == "max_staleness":
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise wire.Rejected("malformed", f"max_staleness must be a whole number >= 0 or null, not {value!r}")
+            self.max_staleness = value
+        elif action == "evict":
+            if value not in self.workers:
+                raise wire.Rejected("unknown_worker", f"cannot evict worker {value!r}")
+            self.workers[value].evicted = True
+        self.events.append({"t": time.time(), "event": f"control:{action}", "value": value})
+        return self.control_state()
+
+    def control_state(self) -> dict:
+        return {"paused": self.paused, "finishing": self.finishing, "lr_scale": self.lr_scale,
+                "max_staleness": self.max_staleness, "version": self.version,
+                "evicted": [k for k, w in self.workers.items() if w.evicted]}
+
     def _try(self, ident: bytes, message: wire.Message):
         worker = message.header.get("worker")
         if not self.workers[worker].alive:
             return []  # dropped as dead while waiting: nobody to answer
+        if self.workers[worker].evicted and message.kind != "pull":  # its fit ends now, with the weights so far
+            return [(ident, "weights", self._weights_for(worker), {"version": self.version, "stop": True})]
+        if self.paused:
+            return None
         if message.kind == "pull":
             if not self.initialised:
                 return None
@@ -229,11 +271,11 @@ class Shard:
                 self.held_replies.append((ident, worker, state.pushed))
                 return []
         return [(ident, "weights", self._weights_for(worker),
-                 {"version": self.version, "staleness": staleness, "gamma": info["gamma"]})]
+                 {"version": self.version, "staleness": staleness, "gamma": info["gamma"], "stop": self.finishing})]
 
     def _update(self, grads: dict, worker: int, staleness: int) -> dict:
         variables = {name: self._unshared(self.variables, name) for name in grads}
-        info = self.updater.apply(variables, grads, worker, staleness, self.version)
+        info = self.updater.apply(variables, grads, worker, staleness, self.version, self.lr_scale)
         if info["outcome"] == "applied":
             self.version += 1
         self.counts[info["outcome"]] += 1
@@ -253,7 +295,8 @@ class Shard:
             self._log(worker, step, 0, info)
             self.counts["acked"] += 1
             if self.workers[worker].alive:
-                replies.append((ident, "weights", self._weights_for(worker), {"version": self.version, "staleness": 0}))
+                replies.append((ident, "weights", self._weights_for(worker),
+                                {"version": self.version, "staleness": 0, "stop": self.finishing}))
         return replies
 
     def sent(self, shared) -> None:
@@ -273,7 +316,8 @@ class Shard:
     def _log(self, worker, step, staleness, info: dict):
         if len(self.log) < LOG_LIMIT:
             self.log.append([round(time.time(), 4), worker, step, self.version, staleness, info["outcome"],
-                             self.lead(), info.get("gamma"), info.get("momentum"), info.get("comp_norm")])
+                             self.lead(), info.get("gamma"), info.get("momentum"), info.get("comp_norm"),
+                             info.get("lr")])
 
     def reject(self, reason: str, detail: str, worker=None) -> None:
         self.counts["rejected"] += 1
@@ -297,7 +341,7 @@ class Shard:
 
     def _summary(self) -> dict:
         return {"shard": self.index, "version": self.version, "counts": dict(self.counts),
-                "rule": self.rule, "synchronous": self.synchronous,
+                "rule": self.rule, "synchronous": self.synchronous, "control": self.control_state(),
                 "rejections": dict(self.rejections), "layout": self.layout, "names": list(self.variables),
                 "optimizer": asdict(self.spec) if self.spec else None,
                 "workers": {k: {"pushed": w.pushed, "alive": w.alive, "done": w.done, "died_at": w.died_at}

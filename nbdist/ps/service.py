@@ -50,6 +50,7 @@ class PsService:
         self.log_dir = tempfile.mkdtemp(prefix=f"nbdist-ps-run{run_id}-")
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
+        self._log_seen = 0  # push-log entries `recent` has returned
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self, bind: str, cluster=None, engines: list[int] | None = None) -> None:
@@ -77,6 +78,20 @@ class PsService:
         """Hand every shard a checkpoint; each takes its own variables from it when the model arrives."""
         with self._client() as client:
             client.request("restore", [state["arrays"]] * len(self.shards), version=int(state.get("version", 0)))
+
+    def control(self, action: str, value=None) -> list[dict]:
+        """Send one control to every shard; returns each shard's control state (the acknowledgement)."""
+        with self._client() as client:
+            return [reply.header for reply in client.request("control", action=action, value=value)]
+
+    def recent(self) -> dict:
+        """Shard 0's push-log entries since the last call, and every shard's control state."""
+        with self._client() as client:
+            replies = client.request("stats", since=self._log_seen)
+        first = replies[0].header
+        self._log_seen = first["since"] + len(first["log"])
+        return {"log_fields": first["log_fields"], "log": first["log"], "version": first["version"],
+                "control": [r.header["control"] for r in replies], "workers": first["workers"]}
 
     def stop(self, cluster=None) -> dict:
         """Final checkpoint (when the PS still answers), the shards' logs, then stop them; returns the stats."""

@@ -27,11 +27,12 @@ class OptimizerUpdater:
     def sent(self, worker: int, variables: dict[str, np.ndarray]) -> None:
         """The weights `worker` computes its next gradient on (unused by this rule)."""
 
-    def apply(self, variables: dict, grads: dict, worker: int, tau: int, version: int) -> dict:
-        lr = rules.learning_rate(self.spec, version)
+    def apply(self, variables: dict, grads: dict, worker: int, tau: int, version: int, lr_scale: float = 1.0) -> dict:
+        lr = rules.learning_rate(self.spec, version) * lr_scale
         for name, gradient in grads.items():
             rules.apply(self.spec, variables[name], gradient, self.slots[name], lr, version)
-        return {"outcome": "applied", "gamma": None, "momentum": self.spec.momentum or None, "comp_norm": None}
+        return {"outcome": "applied", "gamma": None, "momentum": self.spec.momentum or None, "comp_norm": None,
+                "lr": lr}
 
     def state(self) -> dict[str, np.ndarray]:
         return {f"{name}:{s}": np.array(v) for name, slots in self.slots.items() for s, v in slots.items()}
@@ -56,15 +57,15 @@ class DelayUpdater:
         for name, state in self._worker(worker, variables).items():
             np.copyto(state["w_bak"], variables[name])
 
-    def apply(self, variables: dict, grads: dict, worker: int, tau: int, version: int) -> dict:
+    def apply(self, variables: dict, grads: dict, worker: int, tau: int, version: int, lr_scale: float = 1.0) -> dict:
         decision = delay.decide(self.params, self.tau_bar, tau)
         self.tau_bar = decision.tau_bar
-        lr = rules.learning_rate(self.spec, version)
+        lr = rules.learning_rate(self.spec, version) * lr_scale
         states = self._worker(worker, variables)
         comp_sq = sum(delay.apply(self.params, decision, variables[n], g, self.velocity[n], states[n], lr)
                       for n, g in grads.items())
         return {"outcome": "dropped" if decision.dropped else "applied", "gamma": round(decision.gamma, 6),
-                "momentum": round(decision.momentum, 6), "comp_norm": round(math.sqrt(comp_sq), 9)}
+                "momentum": round(decision.momentum, 6), "comp_norm": round(math.sqrt(comp_sq), 9), "lr": lr}
 
     def state(self) -> dict[str, np.ndarray]:
         return {**{f"{n}:v": np.array(v) for n, v in self.velocity.items()}, "tau_bar": np.array(self.tau_bar)}

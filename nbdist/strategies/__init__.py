@@ -20,6 +20,11 @@ COMMON_OPTIONS = (
            (("metavar", "IDS"),)),
     Option(("--seed",), "seed Python, NumPy and TensorFlow on every worker (keras.utils.set_random_seed) "
            "so a run is reproducible", (("type", int), ("metavar", "S"))),
+    Option(("--progress",), "how the run shows itself: a live dashboard (widgets), a text progress line, "
+           "or nothing; auto (the default) picks the dashboard when a widget front end is connected",
+           (("default", "auto"), ("choices", ("auto", "dashboard", "text", "none")))),
+    Option(("--background",), "return at once with the Run (nbdist.last_run) while training goes on; "
+           "%%dist wait blocks until it ends and installs the model", (("action", "store_true"), ("default", False))),
 )
 
 # Options only some strategies read: name -> Option. Strategies list the names they read.

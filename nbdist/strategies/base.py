@@ -111,6 +111,14 @@ class Strategy:
         """
         return {}
 
+    def control(self, action: str, value=None) -> list[dict]:
+        """Act on the running job (pause, resume, stop, lr_scale, max_staleness, evict); returns acknowledgements."""
+        raise OptionError(f"--strategy {self.name} has no live controls; interrupt the kernel to stop it.")
+
+    def telemetry(self) -> dict:
+        """What the controller side measured since the last call (the PS's push log), for the dashboard."""
+        return {}
+
     def check(self, run) -> None:
         """Called while the run waits: raise an `NbdistError` when a service the run needs has failed."""
 

@@ -14,7 +14,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from ..errors import OptionError, ParameterServerFailed
+from ..errors import NbdistError, OptionError, ParameterServerFailed
 from ..hetero import Slowdown, parse_simulate
 from ..keras_bridge import build_for_training
 from ..ps import checkpoint, rules
@@ -44,6 +44,7 @@ class PushPull:
         self.gamma = None
         self.steps = 0
         self.non_finite = 0  # pushes in a row the PS rejected for NaN / inf
+        self.stop_requested = False  # the PS said: end this fit (a graceful stop, or this worker was evicted)
 
     def exchange(self, kind: str) -> list[np.ndarray]:
         """Weights from a `pull` (start of fit) or a `done` (end of fit, after every worker finished)."""
@@ -82,6 +83,7 @@ class PushPull:
 
     def _weights(self, replies) -> list[np.ndarray]:
         self.versions = [r.header["version"] for r in replies]
+        self.stop_requested = self.stop_requested or any(r.header.get("stop") for r in replies)
         new = merged(replies)
         return [np.array(new[name]) for name in self.names]  # own copies: the frames are read-only
 
@@ -116,7 +118,8 @@ class NfdtWorker(Worker):
             optimizer.apply_gradients = _pushed(step, variables)
             model.jit_compile = False  # XLA cannot compile a numpy_function
             model.train_function = None
-            callbacks = [*list(request.callbacks or []), self.make_reporter(request.samples_per_step, extra=step.metrics)]
+            callbacks = [*list(request.callbacks or []), _stop_when_asked(step),
+                         self.make_reporter(request.samples_per_step, extra=step.metrics)]
             history = request.run_plain(callbacks=callbacks, verbose=0, **data)
             _assign(variables, step.exchange("done"))  # waits for the other workers; the final PS weights
             return history
@@ -147,6 +150,20 @@ def variable_names(model) -> dict[str, list[str]]:
     by_id = {id(v): n for v, n in zip(model.trainable_variables, trainable)}
     by_id |= {id(v): n for v, n in zip(model.non_trainable_variables, non_trainable)}
     return {"trainable": trainable, "non_trainable": non_trainable, "layout": [by_id[id(w)] for w in model.weights]}
+
+
+def _stop_when_asked(step: PushPull):
+    """Ends `fit` after the batch in which the PS asked for it, as Keras' own EarlyStopping does."""
+    import keras
+
+    class StopWhenAsked(keras.callbacks.Callback):
+        async_safe = True  # reads a flag only; Keras need not wait for it each step
+
+        def on_train_batch_end(self, batch, logs=None):
+            if step.stop_requested:
+                self.model.stop_training = True
+
+    return StopWhenAsked()
 
 
 def _assign(variables, values) -> None:
@@ -246,6 +263,19 @@ class NfdtStrategy(Strategy):
             raise OptionError(f"--resume found no checkpoint ({path or 'none in ' + os.path.abspath(directory)}); "
                               "run once without --resume, or give --resume PATH to a run-N.npz file.")
         return checkpoint.load(path)
+
+    def control(self, action: str, value=None) -> list[dict]:
+        if self.service is None:
+            raise OptionError("the run has ended; there is nothing to control.")
+        return self.service.control(action, value)
+
+    def telemetry(self) -> dict:
+        if self.service is None or self.service.failure:
+            return {}
+        try:
+            return self.service.recent()
+        except NbdistError:  # a shard that does not answer is the monitor's to report
+            return {}
 
     def check(self, run) -> None:
         if self.service is not None and self.service.failure:

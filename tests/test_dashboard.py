@@ -1,0 +1,66 @@
+"""The dashboard through a real kernel and a real run: figures fill, controls act and are acknowledged."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.test_nfdt import SGD_CELL, idle_engines
+
+pytestmark = pytest.mark.cluster
+
+LONG = SGD_CELL.format(lr=0.05, batch=32, epochs=200, steps="None", shuffle=True)
+
+
+def eventually(kernel, expression: str, timeout: float = 60):
+    """The value of `expression` once truthy, polled from the kernel (bounded)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = kernel.value(expression)
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"{expression} still falsy after {timeout} s")
+
+
+def test_background_run_with_dashboard_obeys_every_control(kernel, cluster):
+    idle_engines(cluster, 2)
+    kernel.run("%%distribute --strategy nfdt --workers 2 --background --progress dashboard\n" + LONG,
+               timeout=120).check()
+    kernel.run("run = nbdist.last_run; d = run.display").check()
+    # one trace per node and panel, and the loss and staleness traces of both nodes fill up
+    assert kernel.value("len(d.figure.data)") == 6 * 2
+    eventually(kernel, "all(len(d._trace(p, k).y or ()) > 0 for p in ('loss', 'staleness') for k in (0, 1))")
+
+    kernel.run("import time; t0 = time.time(); d.pause_button.click(); pause_s = time.time() - t0").check()
+    assert kernel.value("pause_s") < 1.0 and "pause</b> acknowledged by 1 shard" in kernel.value("d.ack.value")
+    frozen = kernel.value("run.control('pause')[0]['version']")
+    time.sleep(1.0)  # the run keeps going on the engines; the version must not move while paused
+    assert kernel.value("run.control('pause')[0]['version']") == frozen
+    kernel.run("d.resume_button.click()").check()
+    eventually(kernel, f"run.control('resume')[0]['version'] > {frozen}")
+
+    kernel.run("d.lr.value = 0.5; d.lr_button.click(); lr_at = run.control('resume')[0]['version']").check()
+    kernel.run("d.evict_choice.value = 1; d.evict_button.click()").check()
+    assert kernel.value("run.control('resume')[0]['evicted']") == [1]
+    kernel.run("d.stop_button.click()").check()
+    kernel.run("%dist wait", timeout=120).check()
+
+    result = kernel.value(
+        "{'status': run.status, 'epochs': len(history.history['loss']), 'weights': len(model.get_weights()), "
+        "'same': all((a == b).all() for a, b in zip(model.get_weights(), run.weights)), "
+        "'lrs': sorted({round(e[-1], 6) for e in run.ps[0]['log'] if e[3] > lr_at + 1}), "
+        "'evicted_pushes_after': run.ps[0]['workers']['1']['pushed'], 'events': [e['event'] for e in run.events], "
+        "'static': len(d.static.data)}")
+    assert result["status"] == "done" and 0 < result["epochs"] < 200  # stopped early, History closed
+    assert result["weights"] > 0 and result["same"]
+    assert result["lrs"] == [0.025]  # 0.05 x the dashboard's 0.5
+    assert {"control:pause", "control:resume", "control:lr_scale", "control:evict", "control:stop"} <= set(
+        result["events"])
+    assert result["static"] == 12  # the final state as a static figure
+
+
+def test_controls_on_a_finished_run_say_why_not(kernel):
+    reply = kernel.run("nbdist.last_run.control('pause')")
+    assert reply.ename == "OptionError" and "only a running run takes controls" in reply.evalue
