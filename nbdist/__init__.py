@@ -19,7 +19,7 @@ _sessions: dict[int, Session] = {}
 
 def load_ipython_extension(shell) -> None:
     """`%load_ext nbdist`: register the magics on this shell, with a Session of its own."""
-    from .magics import NbdistMagics
+    from .magics import NbdistMagics, async_dashboard_cells
 
     if id(shell) in _sessions:
         return
@@ -32,13 +32,18 @@ def load_ipython_extension(shell) -> None:
     session._hook = remember_cell_id
     shell.events.register("pre_run_cell", remember_cell_id)
     shell.register_magics(NbdistMagics(shell, session))
+    shell.input_transformers_cleanup.append(async_dashboard_cells)
 
 
 def unload_ipython_extension(shell) -> None:
     """`%unload_ext nbdist`: stop a cluster nbdist started and forget the session."""
     session = _sessions.pop(id(shell), None)
     if session is not None:
+        from .magics import async_dashboard_cells
+
         shell.events.unregister("pre_run_cell", session._hook)
+        if async_dashboard_cells in shell.input_transformers_cleanup:
+            shell.input_transformers_cleanup.remove(async_dashboard_cells)
         session.stop()
 
 

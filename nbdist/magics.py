@@ -102,13 +102,31 @@ class NbdistMagics(Magics):
         args = _parse(self.distribute, line)
         if args.mode == "define":
             return self._define(args, cell)
-        if args.name is not None:
-            raise UsageError("--name applies to `%%distribute define` cells only")
-        options = {k: v for k, v in vars(args).items() if k not in ("mode", "name")}
+        options = self._training_options(args)
         run = self.session.distribute(cell, options, on_progress=_progress_display(options["progress"]))
         if options.get("background"):
             print(f"nbdist: run {run.id} training in the background on engine(s) {run.workers}; "
                   "nbdist.last_run is its handle, %dist wait blocks until it ends.")
+
+    async def distribute_async(self, line, cell):
+        """`%%distribute` with the dashboard: the cell awaits the run, so the kernel's event loop stays
+        free and the dashboard's buttons reach the running job (the input transformer routes here)."""
+        import asyncio
+
+        options = self._training_options(_parse(self.distribute, line))
+        run = self.session.distribute(cell, {**options, "background": True},
+                                      on_progress=_progress_display(options["progress"]))
+        try:
+            while run.thread.alive:
+                await asyncio.sleep(0.1)
+        except (asyncio.CancelledError, KeyboardInterrupt):  # the kernel's interrupt, in an async cell
+            run.stop_requested = True
+        self.session.wait(run)
+
+    def _training_options(self, args) -> dict:
+        if args.name is not None:
+            raise UsageError("--name applies to `%%distribute define` cells only")
+        return {k: v for k, v in vars(args).items() if k not in ("mode", "name")}
 
     def _define(self, args, cell):
         given = [o.flags[-1] for o in (*COMMON_OPTIONS, *STRATEGY_OPTIONS.values())
@@ -122,20 +140,55 @@ class NbdistMagics(Magics):
         self.session.record_definition(cell, name=args.name or cell_id)
 
 
-def _progress_display(choice: str):
-    """The on_progress factory: the widget dashboard where a widget front end is connected, else text."""
-    if choice == "auto":
-        try:
-            from ipywidgets import Widget
+def _resolve_progress(choice: str) -> str:
+    """auto -> dashboard when a widget front end is connected to this kernel (it opened ipywidgets'
+    control comm), else text (terminal IPython, nbconvert, nbval)."""
+    if choice != "auto":
+        return choice
+    try:
+        from ipywidgets import Widget
+    except ImportError:
+        return "text"
+    return "dashboard" if Widget._control_comm is not None else "text"
 
-            choice = "dashboard" if Widget._control_comm is not None else "text"
-        except ImportError:
-            choice = "text"
+
+def _progress_display(choice: str):
+    """The on_progress factory for a `--progress` choice."""
+    choice = _resolve_progress(choice)
     if choice == "dashboard":
         from .widgets import Dashboard  # the only import of the widgets (DESIGN.md section 3)
 
         return Dashboard
     return TextProgress if choice == "text" else None
+
+
+def async_dashboard_cells(lines: list[str]) -> list[str]:
+    """Input transformer: a foreground `%%distribute` training cell with the dashboard becomes an
+    awaited call, so the kernel keeps handling widget messages while the cell runs."""
+    import shlex
+
+    if not lines or not lines[0].startswith("%%distribute"):
+        return lines
+    line = lines[0][len("%%distribute"):].strip()
+    try:
+        tokens = shlex.split(line)
+    except ValueError:
+        return lines  # the magic itself reports the quoting error
+    if (tokens and tokens[0] == "define") or "--background" in tokens or not _in_kernel():
+        return lines
+    progress = next((t.split("=", 1)[1] for t in tokens if t.startswith("--progress=")), None)
+    if "--progress" in tokens and tokens.index("--progress") + 1 < len(tokens):
+        progress = tokens[tokens.index("--progress") + 1]
+    if _resolve_progress(progress or "auto") != "dashboard":
+        return lines
+    cell = "".join(lines[1:])
+    return [f"await get_ipython().find_cell_magic('distribute').__self__.distribute_async({line!r}, {cell!r})\n"]
+
+
+def _in_kernel() -> bool:
+    from IPython import get_ipython
+
+    return getattr(get_ipython(), "kernel", None) is not None
 
 
 def _parse(magic, line):

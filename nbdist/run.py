@@ -178,6 +178,10 @@ class Background:
         self.thread = threading.Thread(target=body, name="nbdist-background-run", daemon=True)
         self.thread.start()
 
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
     def join(self) -> None:
         while self.thread.is_alive():  # short joins, so the kernel's interrupt reaches the waiter
             self.thread.join(POLL_S)

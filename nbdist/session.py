@@ -162,6 +162,9 @@ class Session:
                   f"{event['after_s']:.1f} s into run {run.id}; the run finished with the other workers.")
         for note in run.notes:
             print(note)
+        conclude = getattr(run.display, "conclude", None)
+        if conclude is not None:
+            conclude()
         self.replay_locally(run)
 
     def replay_locally(self, run: runs.Run) -> None:

@@ -64,3 +64,58 @@ def test_background_run_with_dashboard_obeys_every_control(kernel, cluster):
 def test_controls_on_a_finished_run_say_why_not(kernel):
     reply = kernel.run("nbdist.last_run.control('pause')")
     assert reply.ename == "OptionError" and "only a running run takes controls" in reply.evalue
+
+
+def test_buttons_clicked_by_the_front_end_act_while_the_cell_blocks(kernel, cluster):
+    """The test plays the front end: it sends the widget 'click' messages a browser sends, mid-cell."""
+    idle_engines(cluster, 2)
+    kc = kernel.kc
+    msg_id = kernel.submit("%%distribute --strategy nfdt --workers 2 --progress dashboard\n" + LONG)
+    buttons, acks, mimetypes, headers = {}, [], set(), []
+    deadline = time.time() + 180
+
+    def read_until(done):
+        while time.time() < deadline:
+            try:
+                msg = kc.get_iopub_msg(timeout=1)
+            except Exception:  # queue.Empty: keep waiting, bounded by the deadline
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            # updates a click causes answer the click's message, not the cell: take comm_msg from any parent
+            if msg["parent_header"].get("msg_id") != msg_id and kind != "comm_msg":
+                continue
+            if kind == "comm_open":
+                state = content["data"].get("state", {})
+                if state.get("_model_name") == "ButtonModel":
+                    buttons[state.get("description")] = content["comm_id"]
+            elif kind == "comm_msg":
+                value = (content["data"].get("state") or {}).get("value")
+                if isinstance(value, str) and "acknowledged" in value:
+                    acks.append(value)
+                elif isinstance(value, str) and value.startswith("<b>run "):
+                    headers.append(value)
+            elif kind == "display_data":
+                mimetypes.update(content["data"])
+            elif kind == "status" and content["execution_state"] == "idle":
+                return "idle"
+            if done():
+                return "done"
+        raise AssertionError(f"the dashboard did not answer in time: buttons {sorted(buttons)}, "
+                             f"last headers {headers[-2:]}, acks {acks}")
+
+    def click(description):
+        kc.shell_channel.send(kc.session.msg("comm_msg", {
+            "comm_id": buttons[description], "data": {"method": "custom", "content": {"event": "click"}}}))
+
+    assert read_until(lambda: "Pause" in buttons and "Stop" in buttons) == "done"
+    assert read_until(lambda: bool(headers) and not headers[-1].endswith(" 0%")) == "done"  # training under way
+    click("Pause")
+    assert read_until(lambda: any("pause</b> acknowledged" in a for a in acks)) == "done"
+    click("Resume")
+    assert read_until(lambda: any("resume</b> acknowledged" in a for a in acks)) == "done"
+    click("Stop")
+    assert read_until(lambda: False) == "idle"  # the graceful stop ended the cell
+    reply = kc.get_shell_msg(timeout=30)
+    assert reply["content"]["status"] == "ok"
+    assert "application/vnd.plotly.v1+json" in mimetypes  # the static final figure, kept by a saved notebook
+    assert kernel.value("len(history.history['loss']) < 200 and nbdist.last_run.status == 'done'")

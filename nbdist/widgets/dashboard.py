@@ -3,8 +3,8 @@
 Built from the run's own records (DESIGN.md section 8): the workers' records arrive through
 ipyparallel's datapub (at most 2 a second each), the parameter server's push log through
 `Strategy.telemetry`. Controls call `Run.control`, which reaches every PS shard and returns
-its acknowledgement. While the cell blocks, widget events are processed between polls
-(jupyter-ui-poll), so the buttons act on the running job.
+its acknowledgement. The cell awaits the run (see `magics.async_dashboard_cells`), so
+the kernel's event loop handles widget events and the buttons act on the running job.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import html
 import statistics
-import threading
 import time
 
 import ipywidgets as widgets
@@ -61,9 +60,6 @@ class Dashboard:
         self.table = widgets.HTML()
         self.controls = self._controls()
         self.box = widgets.VBox([self.header, self.bar, self.controls, self.ack, self.figure, self.table])
-        self._ui = None
-        self._poll = None
-        self._main = threading.current_thread() is threading.main_thread()
         (display or show)(self.box)
 
     # -- figure ------------------------------------------------------------------------------
@@ -129,10 +125,6 @@ class Dashboard:
 
     # -- updates ---------------------------------------------------------------------------
     def __call__(self, run) -> None:
-        if self._main and self._poll is None:
-            self._start_ui_poll()
-        if self._poll is not None:
-            self._poll(20)  # button clicks and slider moves, while the cell blocks
         now = time.time()
         if now - self.last_t < REFRESH_S:
             return
@@ -140,16 +132,6 @@ class Dashboard:
         self._take_records(run)
         self._take_pushes(run)
         self._draw(run, now)
-
-    def _start_ui_poll(self) -> None:
-        try:
-            from jupyter_ui_poll import ui_events
-
-            self._ui = ui_events()
-            self._poll = self._ui.__enter__()
-        except Exception:  # not in a kernel with a front end (terminal IPython): nothing to poll
-            self._ui, self._poll = None, None
-            self._main = False
 
     def _take_records(self, run) -> None:
         rank_of = {eid: k for k, eid in enumerate(run.workers)}
@@ -227,10 +209,7 @@ class Dashboard:
                 "<th>last seen</th></tr>" + "".join(rows) + "</table>")
 
     def close(self) -> None:
-        """Final state; the live widget is replaced by a static figure that a saved notebook keeps."""
-        if self._ui is not None:
-            self._ui.__exit__(None, None, None)
-            self._ui, self._poll = None, None
+        """The final state: last redraw, controls hidden (called where the run ends, any thread)."""
         try:
             self.last_t = 0.0
             self._take_records(self.run)
@@ -239,8 +218,11 @@ class Dashboard:
             pass
         self.controls.layout.display = "none"
         self.static = go.Figure(self.figure)
-        if self._main:  # a background run's thread has no cell to display into
-            from IPython.display import display
 
-            self.figure.close()
-            display(self.static)
+    def conclude(self) -> None:
+        """In the cell that waits for the run: the live figure gives way to a static one, which a
+        saved notebook keeps (plotly's own mimetype, no widget state needed)."""
+        from IPython.display import display
+
+        self.figure.close()
+        display(self.static)
