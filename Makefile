@@ -11,7 +11,7 @@ demo: setup
 	@$(PY) scripts/run_notebook.py notebooks/01-quickstart.ipynb build/01-quickstart.ipynb
 
 test: setup
-	$(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=600 -p no:cacheprovider
+	NBDIST_PROGRESS=text $(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=600 -p no:cacheprovider
 
 lab: setup
 	$(VENV)/bin/jupyter lab

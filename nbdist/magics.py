@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -114,6 +116,8 @@ class NbdistMagics(Magics):
         import asyncio
 
         options = self._training_options(_parse(self.distribute, line))
+        kernel = getattr(self.shell, "kernel", None)
+        cell_request = (kernel._parent_ident["shell"], kernel.get_parent("shell")) if kernel else None
         run = self.session.distribute(cell, {**options, "background": True},
                                       on_progress=_progress_display(options["progress"]))
         try:
@@ -121,6 +125,8 @@ class NbdistMagics(Magics):
                 await asyncio.sleep(0.1)
         except (asyncio.CancelledError, KeyboardInterrupt):  # the kernel's interrupt, in an async cell
             run.stop_requested = True
+        if cell_request is not None:  # widget messages handled meanwhile may have left theirs as the parent
+            kernel.set_parent(*cell_request, channel="shell")
         self.session.wait(run)
 
     def _training_options(self, args) -> dict:
@@ -140,16 +146,22 @@ class NbdistMagics(Magics):
         self.session.record_definition(cell, name=args.name or cell_id)
 
 
+PROGRESS_ENV = "NBDIST_PROGRESS"  # text / none / dashboard: what auto means here (set it for nbconvert, CI)
+
+
 def _resolve_progress(choice: str) -> str:
-    """auto -> dashboard when a widget front end is connected to this kernel (it opened ipywidgets'
-    control comm), else text (terminal IPython, nbconvert, nbval)."""
+    """auto -> $NBDIST_PROGRESS if set, else the dashboard in a Jupyter kernel and text elsewhere
+    (terminal IPython). A kernel cannot tell a browser from nbconvert, so headless runs set the variable."""
     if choice != "auto":
         return choice
+    preset = os.environ.get(PROGRESS_ENV, "").strip().lower()
+    if preset in ("dashboard", "text", "none"):
+        return preset
     try:
-        from ipywidgets import Widget
+        import ipywidgets  # noqa: F401
     except ImportError:
         return "text"
-    return "dashboard" if Widget._control_comm is not None else "text"
+    return "dashboard" if _in_kernel() else "text"
 
 
 def _progress_display(choice: str):

@@ -1,8 +1,11 @@
-"""Text progress for a run: one tqdm line while it trains, one summary line when it ends."""
+"""Text progress for a run: one tqdm line while it trains; a summary line (and, for several
+workers, a table per worker) when it ends. Used wherever no widget front end is connected."""
 
 from __future__ import annotations
 
 import sys
+
+from . import report
 
 
 class TextProgress:
@@ -45,3 +48,5 @@ class TextProgress:
         if final:
             line += ": " + ", ".join(f"{k} {v:.4f}" for k, v in final.items())
         print(line, file=sys.stdout)
+        if len(run.workers) > 1 and run.results:
+            print(report.worker_table(run), file=sys.stdout)

@@ -36,3 +36,21 @@ def run_table(runs) -> str:
         duration = f"{run.duration_s:.1f}" if run.duration_s is not None else "-"
         rows.append([run.id, run.strategy, ",".join(map(str, run.workers)), run.status, started, duration, summary])
     return table(["run", "strategy", "engines", "status", "started", "seconds", "result"], rows)
+
+
+def worker_table(run) -> str:
+    """The final per-worker summary of a multi-worker run: steps, last loss, samples/s, staleness."""
+    rows = []
+    pushes = run.push_records
+    for rank, eid in enumerate(run.workers):
+        records = [r for fit in run.results.get(eid, []) for r in fit.records]
+        last = records[-1] if records else {}
+        taus = [p["staleness"] for p in pushes if p["worker"] == rank and p["staleness"] is not None]
+        state = ("died" if any(e["rank"] == rank for e in run.events_of("worker_died")) else
+                 "evicted" if any(e["value"] == rank for e in run.events_of("control:evict")) else
+                 "done" if eid in run.results else "-")
+        rows.append([rank, eid, run.hosts.get(eid, {}).get("host", "-"), last.get("step", "-"),
+                     f"{last['loss']:.4f}" if last.get("loss") is not None else "-",
+                     f"{last['samples_per_s']:,.0f}" if last.get("samples_per_s") else "-",
+                     f"{sum(taus) / len(taus):.2f}" if taus else "-", state])
+    return table(["rank", "engine", "host", "steps", "loss", "samples/s", "mean staleness", "state"], rows)

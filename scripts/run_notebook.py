@@ -27,6 +27,9 @@ def output_text(output) -> str:
     return ""
 
 
+os.environ.setdefault("NBDIST_PROGRESS", "text")  # headless: a progress line, not widgets
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("notebook", type=Path)

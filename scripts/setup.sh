@@ -24,7 +24,7 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
 }
 
-apt_install dataset-fashion-mnist cmake g++ make
+apt_install dataset-fashion-mnist cmake g++ make chromium   # chromium: the browser tests (Playwright)
 "$PY" -c "import ensurepip" >/dev/null 2>&1 || apt_install python3-venv
 "$PY" -c "import os, sysconfig; raise SystemExit(not os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))" \
   || apt_install python3-dev   # Horovod compiles against the Python headers
@@ -43,6 +43,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   pip_quiet install -q "$TF_PACKAGE"
   pip_quiet install -q -e ".[dev]"
   "$VPY" -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (nbdist)" >/dev/null
+  mkdir -p "$VENV/share/jupyter/lab/settings"   # no news pop-up over the browser tests' clicks
+  echo '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' \
+    > "$VENV/share/jupyter/lab/settings/overrides.json"
   echo "$want" > "$stamp"
 fi
 

@@ -10,6 +10,8 @@ import pytest
 from tests.kernel_driver import KernelDriver
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("NBDIST_PROGRESS", "text")  # kernels started by tests have no browser; tests that want
+# the dashboard say --progress dashboard (the browser test's JupyterLab drops this variable)
 
 DEFINITION = '''
 import keras, numpy as np

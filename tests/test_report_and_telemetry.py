@@ -41,3 +41,17 @@ def test_reporter_records_epochs_samples_and_publishes():
     assert reporter.records[-1]["lr"] == pytest.approx(0.1)
     assert published[-1]["epochs"] == 2 and published[-1]["steps"] == 5 and published[-1]["epoch_end"]
     assert reporter.first_step_t is not None
+
+
+def test_worker_table_summarises_each_rank():
+    from nbdist.keras_bridge import FitResult
+    from nbdist.report import worker_table
+    from nbdist.run import Run
+    from nbdist.telemetry import make_record
+
+    run = Run(strategy="nfdt", options={}, workers=[3, 5], cell="")
+    run.hosts = {3: {"host": "a"}, 5: {"host": "b"}}
+    run.results = {3: [FitResult([], [], {}, {}, [], records=[make_record(step=40, loss=0.5, samples_per_s=900.0)])]}
+    run.events = [{"event": "worker_died", "rank": 1}]
+    text = worker_table(run)
+    assert "0     3       a     40     0.5000  900" in text and "1     5       b" in text and "died" in text

@@ -22,6 +22,7 @@ from ..errors import NbdistError
 
 REFRESH_S = 0.5
 MAX_POINTS = 2000  # per trace; past it a series keeps every other point (memory stays bounded)
+COLOURS = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880")
 PANELS = ("loss", "samples/s", "staleness", "staleness distribution", "gamma (ddc-asgd)", "compensation norm")
 
 
@@ -68,9 +69,12 @@ class Dashboard:
         for i, panel in enumerate(PANELS):
             row, col = divmod(i, 2)
             for k in self.workers:
-                trace = (go.Histogram(name=f"worker {k}", legendgroup=str(k), showlegend=False, opacity=0.6)
+                colour = COLOURS[k % len(COLOURS)]  # one colour per node in every panel
+                trace = (go.Histogram(name=f"worker {k}", legendgroup=str(k), showlegend=False, opacity=0.6,
+                                      marker_color=colour)
                          if panel == "staleness distribution" else
-                         go.Scatter(name=f"worker {k}", legendgroup=str(k), showlegend=i == 0, mode="lines"))
+                         go.Scatter(name=f"worker {k}", legendgroup=str(k), showlegend=i == 0, mode="lines",
+                                    line_color=colour))
                 figure.add_trace(trace, row=row + 1, col=col + 1)
         figure.update_layout(height=720, margin={"t": 40, "b": 30}, barmode="overlay", legend={"orientation": "h"})
         return figure
