@@ -30,7 +30,7 @@ def test_background_run_with_dashboard_obeys_every_control(kernel, cluster):
                timeout=120).check()
     kernel.run("run = nbdist.last_run; d = run.display").check()
     # one trace per node and panel, and the loss and staleness traces of both nodes fill up
-    assert kernel.value("len(d.figure.data)") == 6 * 2
+    assert kernel.value("len(d.figure.data)") == 6 * 2 + 2  # a trace per node and panel, global and validation
     eventually(kernel, "all(len(d._trace(p, k).y or ()) > 0 for p in ('loss', 'staleness') for k in (0, 1))")
 
     kernel.run("import time; t0 = time.time(); d.pause_button.click(); pause_s = time.time() - t0").check()
@@ -58,7 +58,7 @@ def test_background_run_with_dashboard_obeys_every_control(kernel, cluster):
     assert result["lrs"] == [0.025]  # 0.05 x the dashboard's 0.5
     assert {"control:pause", "control:resume", "control:lr_scale", "control:evict", "control:stop"} <= set(
         result["events"])
-    assert result["static"] == 12  # the final state as a static figure
+    assert result["static"] == 14  # the final state as a static figure
 
 
 def test_controls_on_a_finished_run_say_why_not(kernel):

@@ -52,6 +52,7 @@ class Dashboard:
         self.started = time.time()
         self.workers = list(range(len(run.workers)))
         self.series = {(panel, k): Series() for panel in PANELS for k in self.workers}
+        self.overall = {"global loss": Series(), "validation loss": Series()}  # drawn on the loss panel
         self.last_seen: dict[int, float] = {}
         self.last_t = 0.0
         self.ack = widgets.HTML("")
@@ -76,6 +77,10 @@ class Dashboard:
                          go.Scatter(name=f"worker {k}", legendgroup=str(k), showlegend=i == 0, mode="lines",
                                     line_color=colour))
                 figure.add_trace(trace, row=row + 1, col=col + 1)
+        figure.add_trace(go.Scatter(name="global loss (mean of nodes)", mode="lines",
+                                    line={"color": "black", "dash": "dash"}), row=1, col=1)
+        figure.add_trace(go.Scatter(name="validation loss (epoch ends)", mode="markers",
+                                    marker={"color": "black", "symbol": "x"}), row=1, col=1)
         figure.update_layout(height=720, margin={"t": 40, "b": 30}, barmode="overlay", legend={"orientation": "h"})
         return figure
 
@@ -149,6 +154,11 @@ class Dashboard:
             x = round(t - (run.started_at or self.started), 2)
             self.series[("loss", k)].add(x, record.get("loss"))
             self.series[("samples/s", k)].add(x, record.get("samples_per_s"))
+            latest_losses = [self.series[("loss", j)].y[-1] for j in self.workers if self.series[("loss", j)].y]
+            if record.get("loss") is not None:
+                self.overall["global loss"].add(x, statistics.mean(latest_losses))
+            if latest.get("epoch_end"):
+                self.overall["validation loss"].add(x, (latest.get("logs") or {}).get("val_loss"))
 
     def _take_pushes(self, run) -> None:
         controller = run.controller
@@ -175,6 +185,9 @@ class Dashboard:
                     trace.x = series.y
                 else:
                     trace.x, trace.y = series.x, series.y
+            for i, series in enumerate(self.overall.values()):
+                trace = self.figure.data[len(PANELS) * len(self.workers) + i]
+                trace.x, trace.y = series.x, series.y
         self.header.value = self._header(run, now)
         self.table.value = self._node_table(run, now)
 
