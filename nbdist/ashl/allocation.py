@@ -1,0 +1,87 @@
+"""Allocation: per-worker batch sizes that equalise step time on a heterogeneous cluster.
+
+Worker i takes a_i + c_i*b_i seconds to compute a batch of b_i (a_i fixed overhead, c_i
+seconds per sample, fitted by profiling) plus T_comm_i to exchange it. With a global batch
+B, every worker should take the same time T:
+
+    a_i + c_i*b_i + T_comm_i = T  for all i,   sum_i b_i = B
+    =>  T = (B + sum_i (a_i + T_comm_i)/c_i) / sum_i 1/c_i,   b_i = (T - a_i - T_comm_i)/c_i
+
+Bounds [b_min, b_max] are enforced by water-filling: a worker pushed past a bound is
+fixed there and T is solved again for the others. Rounding keeps the sum exactly B.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DRIFT = 0.15  # re-allocate when a worker's EMA step time leaves its predicted time by more than this
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One worker's fitted cost model: step seconds = fixed + per_sample * b, plus comm_s per exchange."""
+
+    fixed_s: float
+    per_sample_s: float
+    comm_s: float = 0.0
+
+    def step_s(self, batch: float) -> float:
+        return self.fixed_s + self.per_sample_s * batch + self.comm_s
+
+
+def fit_profile(batches: list[float], seconds: list[float], comm_s: float = 0.0) -> Profile:
+    """Least-squares line through (batch, step seconds) measurements: fixed overhead and seconds per sample."""
+    n = len(batches)
+    if n < 2 or len(set(batches)) < 2:
+        raise ValueError("profiling needs step times at two or more batch sizes")
+    mean_b, mean_t = sum(batches) / n, sum(seconds) / n
+    slope = sum((b - mean_b) * (t - mean_t) for b, t in zip(batches, seconds)) / sum((b - mean_b) ** 2
+                                                                                      for b in batches)
+    slope = max(slope, 1e-12)  # a worker cannot get faster with more samples; noise can say so
+    return Profile(fixed_s=max(0.0, mean_t - slope * mean_b), per_sample_s=slope, comm_s=comm_s)
+
+
+def allocate(profiles: list[Profile], global_batch: int, b_min: int = 1, b_max: int | None = None) -> list[int]:
+    """Integer batches b_i, within [b_min, b_max], summing to `global_batch`, equalising step time."""
+    n = len(profiles)
+    b_max = global_batch if b_max is None else b_max
+    if not n * b_min <= global_batch <= n * b_max:
+        raise ValueError(f"a global batch of {global_batch} cannot be split over {n} workers within "
+                         f"[{b_min}, {b_max}] each")
+    fixed: dict[int, float] = {}
+    while True:
+        free = [i for i in range(n) if i not in fixed]
+        remaining = global_batch - sum(fixed.values())
+        inverse = sum(1 / profiles[i].per_sample_s for i in free)
+        t = (remaining + sum((profiles[i].fixed_s + profiles[i].comm_s) / profiles[i].per_sample_s
+                             for i in free)) / inverse
+        ideal = {i: (t - profiles[i].fixed_s - profiles[i].comm_s) / profiles[i].per_sample_s for i in free}
+        out = {i: (b_min if b < b_min else b_max) for i, b in ideal.items() if not b_min <= b <= b_max}
+        if not out:
+            break
+        worst = max(out, key=lambda i: max(b_min - ideal[i], ideal[i] - b_max))  # fix the furthest first
+        fixed[worst] = out[worst]
+    real = [fixed.get(i, ideal.get(i)) for i in range(n)]
+    return _round_keeping_sum(real, global_batch)
+
+
+def _round_keeping_sum(values: list[float], total: int) -> list[int]:
+    """Largest-remainder rounding: floors, then +1 to the largest fractional parts until the sum is `total`."""
+    floors = [math.floor(v) for v in values]
+    order = sorted(range(len(values)), key=lambda i: values[i] - floors[i], reverse=True)
+    for i in order[: total - sum(floors)]:
+        floors[i] += 1
+    return floors
+
+
+def shard_fractions(batches: list[int]) -> list[float]:
+    """Each worker's share of the training data: proportional to its batch, so all finish an epoch together."""
+    total = sum(batches)
+    return [b / total for b in batches]
+
+
+def drifted(predicted_s: list[float], observed_ema_s: list[float], tolerance: float = DRIFT) -> list[int]:
+    """Workers whose EMA step time left the allocation's prediction by more than `tolerance` (relative)."""
+    return [i for i, (p, o) in enumerate(zip(predicted_s, observed_ema_s)) if abs(o - p) > tolerance * p]

@@ -1,0 +1,62 @@
+"""When ASHL leaves its asynchronous phase (AHL) for the synchronous one (SHL), with the reason.
+
+Checked every half epoch; the switch happens when one condition holds at two checks in a
+row, never before 20% of the epochs:
+  - loss improvement under 1% per epoch,
+  - more than 30% of the pushes since the last check had gamma < 0.5 (ddc-asgd judged them stale),
+  - the first learning-rate decay is reached,
+  - 60% of the epochs are done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MIN_PROGRESS = 0.20
+DONE_FRACTION = 0.60
+MIN_IMPROVEMENT_PER_EPOCH = 0.01
+STALE_GAMMA = 0.5
+STALE_SHARE = 0.30
+
+
+@dataclass
+class Check:
+    """What is known at one check (every half epoch)."""
+
+    epoch: float  # epochs done, fractional
+    epochs: int  # epochs asked for
+    loss: float  # training loss now (a smoothed value)
+    gammas: list[float] = field(default_factory=list)  # gamma of the pushes since the previous check
+    lr_decayed: bool = False  # the learning-rate schedule has made its first decay
+
+
+class SwitchRule:
+    """Feed it one `Check` per half epoch; `check` returns the reason to switch now, or None."""
+
+    def __init__(self):
+        self.previous: Check | None = None
+        self.pending: str | None = None  # the condition that held at the last check
+
+    def check(self, now: Check) -> str | None:
+        reason = self._condition(now)
+        self.previous, held_before = now, self.pending
+        self.pending = reason
+        if reason is None or now.epoch < MIN_PROGRESS * now.epochs:
+            return None
+        return reason if held_before is not None else None
+
+    def _condition(self, now: Check) -> str | None:
+        if now.epoch >= DONE_FRACTION * now.epochs:
+            return f"{now.epoch / now.epochs:.0%} of the epochs done (>= {DONE_FRACTION:.0%})"
+        if now.lr_decayed:
+            return "the learning rate made its first decay"
+        if now.gammas:
+            stale = sum(g < STALE_GAMMA for g in now.gammas) / len(now.gammas)
+            if stale > STALE_SHARE:
+                return f"{stale:.0%} of pushes had gamma < {STALE_GAMMA} (> {STALE_SHARE:.0%})"
+        before = self.previous
+        if before is not None and now.epoch > before.epoch and before.loss > 0:
+            per_epoch = (before.loss - now.loss) / before.loss / (now.epoch - before.epoch)
+            if per_epoch < MIN_IMPROVEMENT_PER_EPOCH:
+                return f"loss improved {per_epoch:.2%} per epoch (< {MIN_IMPROVEMENT_PER_EPOCH:.0%})"
+        return None

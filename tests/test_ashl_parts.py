@@ -1,0 +1,103 @@
+"""ASHL's decisions as pure functions: allocation, the phase switch, compression (DESIGN.md section 6)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nbdist.ashl.allocation import Profile, allocate, drifted, fit_profile, shard_fractions
+from nbdist.ashl.switch import Check, SwitchRule
+from nbdist.ps.compression import CompressionPolicy, TopK, from_fp16, to_fp16
+
+
+def test_allocation_equalises_step_time_on_a_hand_example():
+    # T = (300 + 0.01/0.001 + 0.01/0.002) / (1/0.001 + 1/0.002) = 315 / 1500 = 0.21 s
+    profiles = [Profile(0.01, 0.001), Profile(0.01, 0.002)]
+    assert allocate(profiles, 300) == [200, 100]
+    assert [p.step_s(b) for p, b in zip(profiles, [200, 100])] == pytest.approx([0.21, 0.21])
+
+
+def test_allocation_counts_communication_time():
+    # the second worker also spends 0.05 s per exchange: T = (300 + 10 + 30) / 1500 = 0.2267
+    batches = allocate([Profile(0.01, 0.001), Profile(0.01, 0.002, comm_s=0.05)], 300)
+    assert sum(batches) == 300 and batches == [217, 83]
+
+
+def test_allocation_respects_bounds_and_sums_to_the_global_batch():
+    profiles = [Profile(0.0, 0.001), Profile(0.0, 0.004), Profile(0.0, 0.004), Profile(0.0, 0.02)]
+    batches = allocate(profiles, 256, b_min=16, b_max=120)
+    assert sum(batches) == 256 and all(16 <= b <= 120 for b in batches)
+    assert batches[0] == 120 and batches[3] == 16  # the fastest capped, the slowest floored
+    assert batches[1] == batches[2]
+    with pytest.raises(ValueError, match="cannot be split"):
+        allocate(profiles, 1000, b_max=120)
+
+
+def test_allocation_rounds_without_losing_a_sample():
+    batches = allocate([Profile(0.0, 1 / 3), Profile(0.0, 1 / 3), Profile(0.0, 1 / 3)], 100)
+    assert sum(batches) == 100 and sorted(batches) == [33, 33, 34]
+    assert shard_fractions([200, 100]) == pytest.approx([2 / 3, 1 / 3])
+
+
+def test_profile_fit_and_drift():
+    profile = fit_profile([32, 64, 32, 64], [0.042, 0.074, 0.042, 0.074])
+    assert profile.per_sample_s == pytest.approx(0.001) and profile.fixed_s == pytest.approx(0.01)
+    assert drifted([0.2, 0.2, 0.2], [0.21, 0.24, 0.16]) == [1, 2]
+
+
+def run_checks(checks):
+    rule = SwitchRule()
+    return [rule.check(c) for c in checks]
+
+
+def test_each_switch_condition_fires_on_its_own_at_the_second_check():
+    flat = [Check(epoch=e, epochs=10, loss=1.0) for e in (2.0, 2.5, 3.0)]
+    assert run_checks(flat)[2].startswith("loss improved 0.00%")
+    falling = [Check(epoch=e, epochs=10, loss=loss) for e, loss in ((2.0, 1.0), (2.5, 0.8), (3.0, 0.6))]
+    assert run_checks(falling) == [None, None, None]
+    stale = [Check(epoch=e, epochs=10, loss=loss, gammas=[0.3, 0.4, 0.9]) for e, loss in ((2.0, 1.0), (2.5, 0.8))]
+    assert run_checks(stale)[1].startswith("67% of pushes had gamma < 0.5")
+    decayed = [Check(epoch=e, epochs=10, loss=loss, lr_decayed=True) for e, loss in ((2.0, 1.0), (2.5, 0.8))]
+    assert run_checks(decayed)[1] == "the learning rate made its first decay"
+    late = [Check(epoch=e, epochs=10, loss=loss) for e, loss in ((6.0, 1.0), (6.5, 0.8))]
+    assert run_checks(late)[1].startswith("65% of the epochs done")
+
+
+def test_no_switch_on_a_single_check_or_before_a_fifth_of_the_epochs():
+    one = [Check(epoch=2.0, epochs=10, loss=1.0, lr_decayed=True), Check(epoch=2.5, epochs=10, loss=0.5)]
+    assert run_checks(one) == [None, None]
+    early = [Check(epoch=e, epochs=10, loss=1.0, lr_decayed=True) for e in (0.5, 1.0, 1.5)]
+    assert run_checks(early) == [None, None, None]
+    assert run_checks(early + [Check(epoch=2.0, epochs=10, loss=1.0, lr_decayed=True)])[-1] is not None
+
+
+def test_top_k_with_error_feedback_carries_exactly_what_was_not_sent():
+    rng = np.random.default_rng(0)
+    topk = TopK((50, 4), density=0.05)
+    sent_total, grad_total = np.zeros((50, 4)), np.zeros((50, 4))
+    for _ in range(20):
+        g = rng.normal(size=(50, 4)).astype(np.float32)
+        indices, values = topk.compress(g)
+        assert len(indices) == 10
+        sent_total += TopK.decompress(indices, values, (50, 4))
+        grad_total += g
+    np.testing.assert_allclose(sent_total + topk.residual, grad_total, atol=1e-5)
+
+
+def test_fp16_round_trip_error_is_within_half_precision():
+    rng = np.random.default_rng(1)
+    g = (rng.normal(size=10_000) * 10.0 ** rng.integers(-4, 4, size=10_000)).astype(np.float32)
+    back = from_fp16(to_fp16(g))
+    normal = np.abs(g) >= np.finfo(np.float16).tiny
+    assert np.all(np.abs(back - g)[normal] <= 2.0 ** -11 * np.abs(g)[normal])  # half a unit in the last place
+    assert np.all(np.abs(back - g)[~normal] <= 2.0 ** -25)  # subnormal spacing
+    assert from_fp16(to_fp16(np.array([1e6, -1e6], np.float32))).tolist() == [65504.0, -65504.0]  # saturates
+
+
+def test_compression_policy_hysteresis_and_warm_up():
+    policy = CompressionPolicy()
+    assert policy.decide(comm_s=0.9, compute_s=0.1, epoch=1.0)[0] == "none"  # never in the first 2 epochs
+    assert policy.decide(comm_s=0.4, compute_s=0.6, epoch=2.5)[0] == "fp16"
+    assert policy.decide(comm_s=0.2, compute_s=0.8, epoch=3.0)[0] == "fp16"  # 20%: between off and on, stays
+    assert policy.decide(comm_s=0.1, compute_s=0.9, epoch=3.5)[0] == "none"
+    assert policy.decide(comm_s=0.7, compute_s=0.3, epoch=4.0)[0] == "topk"
