@@ -101,3 +101,17 @@ def test_compression_policy_hysteresis_and_warm_up():
     assert policy.decide(comm_s=0.2, compute_s=0.8, epoch=3.0)[0] == "fp16"  # 20%: between off and on, stays
     assert policy.decide(comm_s=0.1, compute_s=0.9, epoch=3.5)[0] == "none"
     assert policy.decide(comm_s=0.7, compute_s=0.3, epoch=4.0)[0] == "topk"
+
+
+def test_adsp_commit_interval_search_climbs_to_the_faster_interval_and_comes_back_from_worse():
+    from nbdist.strategies.adsp import IntervalSearch
+
+    search = IntervalSearch(start=4)
+    rates = {4: 1.0, 8: 2.0, 16: 0.5, 2: 0.2}
+    visited = []
+    for _ in range(6):
+        visited.append(search.interval)
+        search.report(rates.get(search.interval, 0.0))
+    assert visited[:3] == [4, 8, 16]  # climbs while it improves
+    assert visited[3] in (4, 8) and search.best == (3, 2.0)  # back from the worse side; 8 stays the best
+    assert [e["from"] for e in search.events] == visited

@@ -59,3 +59,16 @@ def test_delay_rules_refuse_adam_by_name(kernel):
         "keras.optimizers.SGD(0.05)", "keras.optimizers.Adam()")
     reply = kernel.run("%%distribute --strategy dc-asgd-a --workers 1\n" + cell, timeout=180)
     assert reply.ename == "OptionError" and "compiled Adam" in reply.evalue and "--strategy asgd" in reply.evalue
+
+
+def test_adsp_workers_commit_local_updates_and_learn(kernel):
+    cell = SGD_CELL.format(lr=0.05, batch=32, epochs=2, steps="None", shuffle=True)
+    kernel.run("%%distribute --strategy adsp --workers 2 --seed 1\n" + cell, timeout=240).check()
+    result = kernel.value("{'counts': nbdist.last_run.ps[0]['counts'], 'version': nbdist.last_run.ps[0]['version'], "
+                          "'steps': sum(len(f.history['loss']) * f.params['steps'] for fits in "
+                          "nbdist.last_run.results.values() for f in fits), 'loss': history.history['loss'], "
+                          "'eval': model.evaluate(xt, yt, verbose=0)[1]}")
+    commits = result["counts"]["applied"]
+    assert result["version"] == commits == result["counts"]["acked"]
+    assert 0 < commits < result["steps"]  # fewer commits than steps: each carries several local steps
+    assert result["loss"][-1] < result["loss"][0] and result["eval"] > 0.5

@@ -50,6 +50,9 @@ class DelayParams:
         return cls(**{k: (INF if v is None and k in ("kappa", "tau_drop") else v) for k, v in values.items()})
 
 
+PRESETS = ("dc-asgd", "dc-asgd-a", "dc-asgdk", "ddc-asgd")
+
+
 def preset(name: str, momentum: float, workers: int, **overrides) -> DelayParams:
     """The parameters of strategy `name` (user's momentum `momentum`, `workers` workers), then `overrides`."""
     presets = {

@@ -71,10 +71,31 @@ class DelayUpdater:
         return {**{f"{n}:v": np.array(v) for n, v in self.velocity.items()}, "tau_bar": np.array(self.tau_bar)}
 
 
+class CommitUpdater:
+    """ADSP (Hu et al., AAAI 2020): a push is a worker's accumulated local update, w <- w + delta/N."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+
+    def sent(self, worker: int, variables: dict[str, np.ndarray]) -> None:
+        """Workers keep their own copy of what they pulled; nothing to remember here."""
+
+    def apply(self, variables: dict, grads: dict, worker: int, tau: int, version: int, lr_scale: float = 1.0) -> dict:
+        scale = lr_scale / self.workers
+        for name, delta in grads.items():
+            variables[name] += scale * delta
+        return {"outcome": "applied", "gamma": None, "momentum": None, "comp_norm": None, "lr": None}
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {}
+
+
 def make_updater(rule: dict | None, spec: rules.OptimizerSpec, variables: dict, saved: dict):
-    """The updater a shard's config names: None (the cell's optimizer) or a delay-compensation
-    preset {"preset", "workers", "overrides"}; the user's momentum is mu (0.9 if none)."""
+    """The updater a shard's config names: None (the cell's optimizer), {"preset": "adsp"} (commits),
+    or a delay-compensation preset {"preset", "workers", "overrides"}; mu = the user's momentum (0.9 if none)."""
     if not rule:
         return OptimizerUpdater(spec, variables, saved)
+    if rule["preset"] == "adsp":
+        return CommitUpdater(rule["workers"])
     params = delay.preset(rule["preset"], spec.momentum or 0.9, rule["workers"], **rule.get("overrides", {}))
     return DelayUpdater(params, spec, variables, saved)

@@ -6,6 +6,7 @@ from ..errors import OptionError
 from .base import Option, Strategy, Worker
 from .hfdt import HfdtStrategy
 from .local import LocalStrategy
+from .adsp import AdspStrategy
 from .asgd import (AsgdStrategy, DcAsgdAdaptiveStrategy, DcAsgdKStrategy, DcAsgdStrategy,
                    DdcAsgdStrategy, SsgdStrategy)
 from .nfdt import NfdtStrategy
@@ -77,7 +78,7 @@ STRATEGY_OPTIONS: dict[str, Option] = {
 
 REGISTRY: dict[str, type[Strategy]] = {cls.name: cls for cls in (LocalStrategy, HfdtStrategy, NfdtStrategy, AsgdStrategy, DcAsgdStrategy,
                                                              DcAsgdAdaptiveStrategy, DcAsgdKStrategy, DdcAsgdStrategy,
-                                                             SsgdStrategy)}
+                                                             SsgdStrategy, AdspStrategy)}
 
 
 def strategy_names() -> list[str]:

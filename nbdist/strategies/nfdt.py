@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import NbdistError, OptionError, ParameterServerFailed
 from ..hetero import Slowdown, parse_simulate
 from ..keras_bridge import build_for_training
-from ..ps import checkpoint, rules
+from ..ps import checkpoint, delay, rules
 from ..ps.client import PsClient, PsRefused, merged
 from ..ps.partition import partition
 from ..ps.service import PsService
@@ -98,7 +98,7 @@ class NfdtWorker(Worker):
     def fit(self, request):
         model, optimizer = request.model, request.model.optimizer
         spec = rules.spec_from_keras(optimizer)  # refuse an optimizer the PS cannot apply, before any work
-        if self.config.get("rule") and spec.name != "SGD":
+        if self.config.get("rule") in delay.PRESETS and spec.name != "SGD":
             raise OptionError(f"--strategy {self.spec['strategy']} is an SGD rule (learning rate and momentum from "
                               f"the cell's optimizer); the cell compiled {spec.name}. Compile with "
                               "keras.optimizers.SGD(lr, momentum=...), or use --strategy asgd to keep your optimizer.")
@@ -115,18 +115,26 @@ class NfdtWorker(Worker):
             if self.rank == 0:
                 self._init(client, model, spec, plan, names)
             _assign(variables, step.exchange("pull"))
-            optimizer.apply_gradients = _pushed(step, variables)
-            model.jit_compile = False  # XLA cannot compile a numpy_function
+            own = self.connect(step, model, variables)
             model.train_function = None
-            callbacks = [*list(request.callbacks or []), _stop_when_asked(step),
+            callbacks = [*list(request.callbacks or []), *own, _stop_when_asked(step),
                          self.make_reporter(request.samples_per_step, extra=step.metrics)]
             history = request.run_plain(callbacks=callbacks, verbose=0, **data)
+            for callback in own:
+                getattr(callback, "finish", lambda: None)()
             _assign(variables, step.exchange("done"))  # waits for the other workers; the final PS weights
             return history
         finally:
             optimizer.apply_gradients = original_apply
             model.train_function = None
             client.close()
+
+    def connect(self, step: PushPull, model, variables) -> list:
+        """Route training through the PS; returns the callbacks that need. NFDT: every step's gradient
+        goes to the PS instead of the local optimizer."""
+        model.optimizer.apply_gradients = _pushed(step, variables)
+        model.jit_compile = False  # XLA cannot compile a numpy_function
+        return []
 
     @staticmethod
     def _init(client, model, spec, plan, names):

@@ -1,0 +1,102 @@
+"""`adsp` (Hu et al., AAAI 2020), the baseline ASHL is measured against: workers never wait.
+
+Each worker trains locally with the cell's own optimizer and, every `interval` steps,
+commits its accumulated update delta = w_local - w_pulled to the parameter server, which
+applies w <- w + delta/N; the reply is the new global weights. The commit interval is
+found online: every few commits the worker tries a neighbouring interval and keeps the
+one whose loss fell faster per second (a hill climb over 1, 2, 4, ..., 64 steps).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .nfdt import NfdtStrategy, NfdtWorker, PushPull, _assign
+
+INTERVALS = (1, 2, 4, 8, 16, 32, 64)
+START_INTERVAL = 4
+COMMITS_PER_TRIAL = 6
+
+
+class IntervalSearch:
+    """Online hill climb of the commit interval on loss decrease per second."""
+
+    def __init__(self, start: int = START_INTERVAL):
+        self.index = INTERVALS.index(start)
+        self.best: tuple[int, float] | None = None  # (index, rate)
+        self.direction = 1
+        self.events: list[dict] = []
+
+    @property
+    def interval(self) -> int:
+        return INTERVALS[self.index]
+
+    def report(self, rate: float) -> None:
+        """The loss decrease per second measured over the last trial of the current interval."""
+        measured = self.interval
+        if self.best is None or rate > self.best[1]:
+            self.best = (self.index, rate)
+        else:  # worse: go back to the best and try the other side next time
+            self.index, self.direction = self.best[0], -self.direction
+        nxt = min(max(self.index + self.direction, 0), len(INTERVALS) - 1)
+        if nxt == self.index:
+            self.direction = -self.direction
+            nxt = min(max(self.index + self.direction, 0), len(INTERVALS) - 1)
+        self.events.append({"t": time.time(), "event": "commit_interval", "from": measured,
+                            "to": INTERVALS[nxt], "rate": rate})
+        self.index = nxt
+
+
+class AdspWorker(NfdtWorker):
+    """A worker that trains locally and commits its accumulated update at the searched interval."""
+
+    def connect(self, step: PushPull, model, variables) -> list:
+        return [_committer(step, variables)]
+
+
+def _committer(step: PushPull, variables):
+    import keras
+
+    class Committer(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.pulled = [np.array(v.numpy()) for v in variables]
+            self.search, self.since, self.commits = IntervalSearch(), 0, 0
+            self.trial_start: tuple[float, float] | None = None  # (time, loss)
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.since += 1
+            loss = (logs or {}).get("loss")
+            if self.trial_start is None and loss is not None:
+                self.trial_start = (time.time(), float(loss))
+            if self.since >= self.search.interval:
+                self.commit()
+                if self.commits % COMMITS_PER_TRIAL == 0 and loss is not None and self.trial_start:
+                    started, loss0 = self.trial_start
+                    self.search.report((loss0 - float(loss)) / max(time.time() - started, 1e-9))
+                    self.trial_start = None
+
+        def commit(self):
+            deltas = [v.numpy() - p for v, p in zip(variables, self.pulled)]
+            new = step.push(*deltas)
+            _assign(variables, new)
+            self.pulled, self.since = [np.array(w) for w in new], 0
+            self.commits += 1
+
+        def finish(self):
+            """The steps since the last commit are not lost: commit them before the end barrier."""
+            if self.since:
+                self.commit()
+
+    return Committer()
+
+
+class AdspStrategy(NfdtStrategy):
+    name = "adsp"
+    summary = "ADSP: workers never wait, each commits its local update at a commit interval searched online"
+    options = tuple(o for o in NfdtStrategy.options if o != "momentum")
+    worker_class = AdspWorker
+
+    def shard_settings(self, workers: int) -> dict:
+        return {**super().shard_settings(workers), "rule": {"preset": "adsp", "workers": workers}}
