@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 
 from . import engine, run as runs
@@ -12,6 +13,7 @@ from .keras_bridge import install_result, intercept_fit
 from .strategies import make_strategy
 
 DEFINITION_TIMEOUT_S = 300
+REGISTRATION_GRACE_S = 5.0
 
 
 @dataclass
@@ -117,8 +119,7 @@ class Session:
             raise OptionError("%%distribute needs a training cell below the magic line, with a model.fit(...) call.")
         strategy = make_strategy(options)
         cluster = self.require_cluster()
-        available = sorted(set(cluster.ids()) - cluster.busy())
-        workers = strategy.choose_workers(available, options.get("workers"), _parse_targets(options.get("targets")))
+        workers = self._choose_workers(strategy, cluster, options)
         cluster.refresh(workers)
         self.sync_definitions(workers)
         run = runs.Run(strategy=strategy.name, options=dict(options), workers=workers, cell=cell)
@@ -139,6 +140,20 @@ class Session:
         train()
         self._conclude(run)
         return run
+
+    @staticmethod
+    def _choose_workers(strategy, cluster, options) -> list[int]:
+        """The run's engines; engines started a moment ago get a few seconds to reach this client."""
+        targets = _parse_targets(options.get("targets"))
+        deadline = time.time() + REGISTRATION_GRACE_S
+        while True:
+            available = sorted(set(cluster.ids()) - cluster.busy())
+            try:
+                return strategy.choose_workers(available, options.get("workers"), targets)
+            except ClusterError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.2)  # the hub's registration notice is on its way to this client
 
     def wait(self, run: runs.Run | None = None) -> runs.Run:
         """Block until a --background run ends (the last one by default), then install its results here."""
