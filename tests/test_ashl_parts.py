@@ -5,26 +5,26 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nbdist.ashl.allocation import Profile, allocate, drifted, fit_profile, shard_fractions
+from nbdist.ashl.allocation import CostModel, allocate, drifted, fit_profile, shard_fractions
 from nbdist.ashl.switch import Check, SwitchRule
 from nbdist.ps.compression import CompressionPolicy, TopK, from_fp16, to_fp16
 
 
 def test_allocation_equalises_step_time_on_a_hand_example():
     # T = (300 + 0.01/0.001 + 0.01/0.002) / (1/0.001 + 1/0.002) = 315 / 1500 = 0.21 s
-    profiles = [Profile(0.01, 0.001), Profile(0.01, 0.002)]
+    profiles = [CostModel(0.01, 0.001), CostModel(0.01, 0.002)]
     assert allocate(profiles, 300) == [200, 100]
     assert [p.step_s(b) for p, b in zip(profiles, [200, 100])] == pytest.approx([0.21, 0.21])
 
 
 def test_allocation_counts_communication_time():
     # the second worker also spends 0.05 s per exchange: T = (300 + 10 + 30) / 1500 = 0.2267
-    batches = allocate([Profile(0.01, 0.001), Profile(0.01, 0.002, comm_s=0.05)], 300)
+    batches = allocate([CostModel(0.01, 0.001), CostModel(0.01, 0.002, comm_s=0.05)], 300)
     assert sum(batches) == 300 and batches == [217, 83]
 
 
 def test_allocation_respects_bounds_and_sums_to_the_global_batch():
-    profiles = [Profile(0.0, 0.001), Profile(0.0, 0.004), Profile(0.0, 0.004), Profile(0.0, 0.02)]
+    profiles = [CostModel(0.0, 0.001), CostModel(0.0, 0.004), CostModel(0.0, 0.004), CostModel(0.0, 0.02)]
     batches = allocate(profiles, 256, b_min=16, b_max=120)
     assert sum(batches) == 256 and all(16 <= b <= 120 for b in batches)
     assert batches[0] == 120 and batches[3] == 16  # the fastest capped, the slowest floored
@@ -34,7 +34,7 @@ def test_allocation_respects_bounds_and_sums_to_the_global_batch():
 
 
 def test_allocation_rounds_without_losing_a_sample():
-    batches = allocate([Profile(0.0, 1 / 3), Profile(0.0, 1 / 3), Profile(0.0, 1 / 3)], 100)
+    batches = allocate([CostModel(0.0, 1 / 3), CostModel(0.0, 1 / 3), CostModel(0.0, 1 / 3)], 100)
     assert sum(batches) == 100 and sorted(batches) == [33, 33, 34]
     assert shard_fractions([200, 100]) == pytest.approx([2 / 3, 1 / 3])
 

@@ -20,7 +20,7 @@ DRIFT = 0.15  # re-allocate when a worker's EMA step time leaves its predicted t
 
 
 @dataclass(frozen=True)
-class Profile:
+class CostModel:
     """One worker's fitted cost model: step seconds = fixed + per_sample * b, plus comm_s per exchange."""
 
     fixed_s: float
@@ -31,7 +31,7 @@ class Profile:
         return self.fixed_s + self.per_sample_s * batch + self.comm_s
 
 
-def fit_profile(batches: list[float], seconds: list[float], comm_s: float = 0.0) -> Profile:
+def fit_profile(batches: list[float], seconds: list[float], comm_s: float = 0.0) -> CostModel:
     """Least-squares line through (batch, step seconds) measurements: fixed overhead and seconds per sample."""
     n = len(batches)
     if n < 2 or len(set(batches)) < 2:
@@ -40,10 +40,10 @@ def fit_profile(batches: list[float], seconds: list[float], comm_s: float = 0.0)
     slope = sum((b - mean_b) * (t - mean_t) for b, t in zip(batches, seconds)) / sum((b - mean_b) ** 2
                                                                                       for b in batches)
     slope = max(slope, 1e-12)  # a worker cannot get faster with more samples; noise can say so
-    return Profile(fixed_s=max(0.0, mean_t - slope * mean_b), per_sample_s=slope, comm_s=comm_s)
+    return CostModel(fixed_s=max(0.0, mean_t - slope * mean_b), per_sample_s=slope, comm_s=comm_s)
 
 
-def allocate(profiles: list[Profile], global_batch: int, b_min: int = 1, b_max: int | None = None) -> list[int]:
+def allocate(profiles: list[CostModel], global_batch: int, b_min: int = 1, b_max: int | None = None) -> list[int]:
     """Integer batches b_i, within [b_min, b_max], summing to `global_batch`, equalising step time."""
     n = len(profiles)
     b_max = global_batch if b_max is None else b_max

@@ -12,13 +12,13 @@ import statistics
 import time
 
 from ..hetero import Profile as SimulatedProfile
-from .allocation import Profile, fit_profile
+from .allocation import CostModel, fit_profile
 
 STEPS = 20
 
 
 def profile_compute(model, x, y, b0: int, simulated: SimulatedProfile | None = None, steps: int = STEPS,
-                    comm_s: float = 0.0) -> Profile:
+                    comm_s: float = 0.0) -> CostModel:
     """Fit this worker's step-time line from `steps` timed gradient computations at b0 and at 2*b0."""
     import tensorflow as tf
 
