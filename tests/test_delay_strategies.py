@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from tests.test_nfdt import SGD_CELL, idle_engines
