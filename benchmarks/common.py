@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -56,6 +58,29 @@ def plain_fit(samples: int, epochs: int) -> dict:
         "\nimport json; print('@@' + json.dumps({'epochs': timer.seconds, 'wall': time.perf_counter() - _t0}))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     return json.loads([ln for ln in out.splitlines() if ln.startswith("@@")][-1][2:])
+
+
+def against_plain_fit_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of a benchmark that alternates an nbdist cell with plain `fit`."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=20000)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternating nbdist / plain rounds (this machine is noisy: the ratio is their median)")
+    return parser
+
+
+@contextlib.contextmanager
+def one_engine(samples: int, epochs: int):
+    """A notebook shell with a 1-engine cluster and the benchmark data defined; the cluster stops after."""
+    ip, session = notebook_shell()
+    print(f"Starting a 1-engine cluster; {samples} Fashion-MNIST samples, {epochs} epochs, batch 64")
+    ip.run_line_magic("dist", "start -n 1")
+    try:
+        ip.run_cell_magic("distribute", "define", DEFINITION.format(samples=samples))
+        yield ip, session
+    finally:
+        ip.run_line_magic("dist", "stop")
 
 
 def alternate_with_plain_fit(ip, session, magic_line: str, samples: int, epochs: int, rounds: int) -> list[dict]:

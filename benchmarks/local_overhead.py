@@ -9,26 +9,18 @@ Prints a table, then:
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
-from common import DEFINITION, TRAIN, alternate_with_plain_fit, notebook_shell, print_rounds
+from common import TRAIN, against_plain_fit_parser, alternate_with_plain_fit, one_engine, print_rounds
+
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=20000)
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="alternating nbdist / plain rounds (this machine is noisy: the ratio is their median)")
+    parser = against_plain_fit_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=3, help="warm runs for the cell-to-first-step time")
     args = parser.parse_args()
 
-    ip, session = notebook_shell()
-    print(f"Starting a 1-engine cluster; {args.samples} Fashion-MNIST samples, {args.epochs} epochs, batch 64")
-    ip.run_line_magic("dist", "start -n 1")
-    try:
-        ip.run_cell_magic("distribute", "define", DEFINITION.format(samples=args.samples))
+    with one_engine(args.samples, args.epochs) as (ip, session):
         rounds = alternate_with_plain_fit(ip, session, "--strategy local", args.samples, args.epochs, args.rounds)
 
         first_steps = []
@@ -37,8 +29,6 @@ def main() -> None:
             ip.run_cell_magic("distribute", "--strategy local", TRAIN.format(epochs=1).replace(
                 "epochs=1", "epochs=1, steps_per_epoch=5"))
             first_steps.append(session.last_run.fits[0].timings["first_step"] - t0)
-    finally:
-        ip.run_line_magic("dist", "stop")
 
     ratio = print_rounds("nbdist local", rounds, extra_rows=[
         ["cell start -> first step, s (median of warm runs)", f"{statistics.median(first_steps):.2f}", "-", "-"]])

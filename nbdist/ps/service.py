@@ -51,6 +51,7 @@ class PsService:
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
         self._log_seen = 0  # push-log entries `recent` has returned
+        self._telemetry: PsClient | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self, bind: str, cluster=None, engines: list[int] | None = None) -> None:
@@ -85,9 +86,19 @@ class PsService:
             return [reply.header for reply in client.request("control", action=action, value=value)]
 
     def recent(self) -> dict:
-        """Shard 0's push-log entries since the last call, and every shard's control state."""
-        with self._client() as client:
-            replies = client.request("stats", since=self._log_seen)
+        """Shard 0's push-log entries since the last call, and every shard's control state.
+
+        Called twice a second by the dashboard, always from the run's own thread, so it keeps one
+        client (closed by `stop`, in that thread too) instead of a new ZeroMQ context per call.
+        """
+        if self._telemetry is None:
+            self._telemetry = self._client()
+        try:
+            replies = self._telemetry.request("stats", since=self._log_seen)
+        except NbdistError:  # a late answer must not be read as the next call's: start afresh
+            self._telemetry.close()
+            self._telemetry = None
+            raise
         first = replies[0].header
         self._log_seen = first["since"] + len(first["log"])
         return {"log_fields": first["log_fields"], "log": first["log"], "version": first["version"],
@@ -98,6 +109,9 @@ class PsService:
         self._stop.set()
         if self._monitor is not None:
             self._monitor.join(timeout=15)
+        if self._telemetry is not None:
+            self._telemetry.close()
+            self._telemetry = None
         stats: list[dict] = []
         if self.failure is None:
             try:

@@ -241,7 +241,8 @@ class NfdtStrategy(Strategy):
         profiles = parse_simulate(options.get("simulate"), len(run.workers))
         resume = self._checkpoint_to_resume()
         self.cluster = cluster
-        self.service = PsService(run.id, shards, len(run.workers), self.shard_settings(len(run.workers)),
+        settings = self.shard_settings(len(run.workers))
+        self.service = PsService(run.id, shards, len(run.workers), settings,
                                  options.get("checkpoint_dir") or DEFAULT_CHECKPOINT_DIR,
                                  float(options.get("checkpoint_every") or 30))
         towards = rendezvous_address(cluster.client, all(cluster.is_local(e) for e in run.workers))
@@ -251,7 +252,6 @@ class NfdtStrategy(Strategy):
             self.service.restore(resume)
             run.events.append({"t": time.time(), "event": "resumed", "path": resume["path"],
                                "version": resume.get("version")})
-        settings = self.shard_settings(len(run.workers))
         return {"shards": self.service.addresses, "key": self.service.key.hex(),
                 "rule": (settings["rule"] or {}).get("preset"),
                 "simulate": [p.to_json() for p in profiles]}
