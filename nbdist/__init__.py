@@ -33,6 +33,10 @@ def load_ipython_extension(shell) -> None:
     shell.events.register("pre_run_cell", remember_cell_id)
     shell.register_magics(NbdistMagics(shell, session))
     shell.input_transformers_cleanup.append(async_dashboard_cells)
+    if getattr(shell, "kernel", None) is not None:  # a Jupyter kernel: the JupyterLab sidebar's comm
+        from .lab_comm import LabChannel
+
+        session._lab = LabChannel(session).start()
 
 
 def unload_ipython_extension(shell) -> None:
@@ -42,9 +46,16 @@ def unload_ipython_extension(shell) -> None:
         from .magics import async_dashboard_cells
 
         shell.events.unregister("pre_run_cell", session._hook)
+        if getattr(session, "_lab", None) is not None:
+            session._lab.stop()
         if async_dashboard_cells in shell.input_transformers_cleanup:
             shell.input_transformers_cleanup.remove(async_dashboard_cells)
         session.stop()
+
+
+def _jupyter_labextension_paths():
+    """Where the prebuilt JupyterLab extension lives (for `jupyter labextension develop`)."""
+    return [{"src": "labextension", "dest": "nbdist"}]
 
 
 def get_session(shell=None) -> Session | None:

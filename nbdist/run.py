@@ -40,6 +40,7 @@ class Run:
     options: dict
     workers: list[int]
     cell: str
+    cell_id: str | None = None  # the notebook cell that started the run (the sidebar scrolls to it)
     id: int = field(default_factory=lambda: next(_run_ids))
     status: str = "pending"
     started_at: float | None = None

@@ -36,6 +36,12 @@ class Session:
         self.definitions: dict[str, Definition] = {}
         self.runs: list[runs.Run] = []
         self.current_cell_id: str | None = None  # set by a pre_run_cell hook in a notebook
+        self.listeners: list = []  # callables told what changed ("cluster", "definitions", "run", "progress")
+
+    def changed(self, what: str) -> None:
+        """Tell the listeners (the JupyterLab sidebar's channel) that part of the state changed."""
+        for listener in list(self.listeners):
+            listener(what)
 
     @property
     def last_run(self) -> runs.Run | None:
@@ -46,12 +52,14 @@ class Session:
         self.stop()
         self.cluster = ClusterHandle.start(n, engines, profile)
         self.cluster.refresh()
+        self.changed("cluster")
         return self.cluster
 
     def connect(self, **where) -> ClusterHandle:
         self.stop()
         self.cluster = ClusterHandle.connect(**where)
         self.cluster.refresh()
+        self.changed("cluster")
         return self.cluster
 
     def stop(self) -> str:
@@ -61,6 +69,7 @@ class Session:
         cluster, self.cluster = self.cluster, None
         owned = cluster.owned
         cluster.stop()
+        self.changed("cluster")
         return "cluster stopped" if owned else "disconnected (the cluster was started outside nbdist and keeps running)"
 
     def require_cluster(self) -> ClusterHandle:
@@ -75,6 +84,7 @@ class Session:
         old = self.definitions.get(key)
         definition = Definition(key, source, old.index if old else len(self.definitions) + 1)
         self.definitions[key] = definition
+        self.changed("definitions")
         return definition
 
     def sync_definitions(self, engine_ids: list[int]) -> None:
@@ -122,17 +132,25 @@ class Session:
         workers = self._choose_workers(strategy, cluster, options)
         cluster.refresh(workers)
         self.sync_definitions(workers)
-        run = runs.Run(strategy=strategy.name, options=dict(options), workers=workers, cell=cell)
+        run = runs.Run(strategy=strategy.name, options=dict(options), workers=workers, cell=cell,
+                       cell_id=self.current_cell_id)
         self.runs.append(run)
+        self.changed("run")
         progress = on_progress(run) if on_progress else None
         run.display = progress
 
+        def tick(run):
+            if progress is not None:
+                progress(run)
+            self.changed("progress")
+
         def train():
             try:
-                runs.execute(run, cluster, strategy, on_progress=progress)
+                runs.execute(run, cluster, strategy, on_progress=tick)
             finally:
                 if progress is not None:
                     progress.close()
+                self.changed("run")
 
         if options.get("background"):
             run.thread = runs.Background(train)

@@ -10,6 +10,7 @@ CACHE=${NBDIST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nbdist}
 TF_PACKAGE=${NBDIST_TF:-tensorflow-cpu==2.21.0}   # GPU hosts: NBDIST_TF='tensorflow[and-cuda]==2.21.0'
 HOROVOD_VERSION=0.28.1
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+export YARN_CACHE_FOLDER="$CACHE/yarn"   # jlpm's downloads, kept across clones and venvs
 # This machine's pip config names local indexes that may be absent; keep their warnings out of the log.
 pip_quiet() { "$VPY" -m pip "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
@@ -25,6 +26,7 @@ apt_install() {
 }
 
 apt_install dataset-fashion-mnist cmake g++ make chromium   # chromium: the browser tests (Playwright)
+command -v node >/dev/null || apt_install nodejs            # builds the JupyterLab extension
 "$PY" -c "import ensurepip" >/dev/null 2>&1 || apt_install python3-venv
 "$PY" -c "import os, sysconfig; raise SystemExit(not os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))" \
   || apt_install python3-dev   # Horovod compiles against the Python headers
@@ -76,5 +78,25 @@ if [ "$(cat "$hvd_stamp" 2>/dev/null)" != "$HOROVOD_VERSION $TF_PACKAGE" ]; then
   "$VPY" -c "import horovod.tensorflow" >/dev/null 2>&1 || { echo "Horovod does not import; delete $wheel_dir and rerun" >&2; exit 1; }
   echo "$HOROVOD_VERSION $TF_PACKAGE" > "$hvd_stamp"
 fi
+# The JupyterLab extension (labextension/): node modules installed once per package.json + yarn.lock,
+# the bundle rebuilt only when its sources change, then nbdist reinstalled (seconds) so the venv's
+# share/jupyter/labextensions/nbdist holds the new bundle. The first `pip install -e` above already
+# builds it through hatch-jupyter-builder; this step keeps it current afterwards.
+VBIN="$(cd "$VENV/bin" && pwd)"
+lab_stamp="$VENV/.nbdist-labextension"
+lab_want=$(cd labextension && cat package.json yarn.lock .yarnrc.yml tsconfig.json $(find src style -type f | sort) | sha1sum | cut -c1-16)
+if [ "$(cat "$lab_stamp" 2>/dev/null)" != "$lab_want" ] || [ ! -f "$VENV/share/jupyter/labextensions/nbdist/package.json" ]; then
+  deps_want=$(cat labextension/package.json labextension/yarn.lock | sha1sum | cut -c1-16)
+  if [ "$(cat labextension/node_modules/.nbdist-deps 2>/dev/null)" != "$deps_want" ]; then
+    say "installing the JupyterLab extension's node modules (about a minute, once)"
+    (cd labextension && PATH="$VBIN:$PATH" jlpm install --immutable >/dev/null)
+    echo "$deps_want" > labextension/node_modules/.nbdist-deps
+  fi
+  say "building the JupyterLab extension"
+  (cd labextension && PATH="$VBIN:$PATH" jlpm build:prod >/dev/null)
+  pip_quiet install -q --no-deps -e .
+  echo "$lab_want" > "$lab_stamp"
+fi
+
 versions=$("$VPY" -c 'from importlib.metadata import version as v; print(", ".join(p + " " + v(p) for p in ("keras", "horovod", "ipyparallel")))')
 say "ready: $VENV ($versions)"
