@@ -2,45 +2,26 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-import uuid
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from tests.conftest import DEFINITION
+from tests.lab_helpers import SCREENSHOTS, chromium_page, jupyter_lab
 from tests.test_nfdt import idle_engines
 
 pytestmark = pytest.mark.cluster
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage"]
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "build" / "screenshots"
 TRAIN = '''%%distribute --strategy nfdt --workers 2
 model = build()
 model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 history = model.fit(x, y, batch_size=32, epochs=60)'''
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
-def lab(tmp_path, cluster):
+def lab(tmp_path: Path, cluster):
     """A JupyterLab server on 127.0.0.1 serving a notebook that trains on the shared cluster; stopped after."""
-    if not os.path.exists(CHROMIUM):
-        pytest.fail("Debian's chromium is missing: run `make setup` (apt-get install chromium)")
     ipp_cluster, _ = cluster
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in (
         f"%load_ext nbdist\n%dist connect --cluster-id {ipp_cluster.cluster_id}",
@@ -48,42 +29,14 @@ def lab(tmp_path, cluster):
         TRAIN,
     )], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
     nbformat.write(notebook, tmp_path / "dashboard.ipynb")
-    port, token = free_port(), uuid.uuid4().hex
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-         f"--IdentityProvider.token={token}", "--ServerApp.allow_root=True", f"--ServerApp.root_dir={tmp_path}",
-         f"--LabApp.user_settings_dir={tmp_path / 'user-settings'}", f"--LabApp.workspaces_dir={tmp_path / 'ws'}"],
-        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "lab.log", "wb"),
-        env={k: v for k, v in os.environ.items() if k != "NBDIST_PROGRESS"})  # a browser: auto = dashboard
-    try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=2)
-                break
-            except OSError:
-                if time.time() > deadline or server.poll() is not None:
-                    raise AssertionError("JupyterLab did not start: " + (tmp_path / "lab.log").read_text()[-2000:])
-                time.sleep(0.3)
-        yield f"http://127.0.0.1:{port}/lab/tree/dashboard.ipynb?reset&token={token}"
-    finally:
-        server.terminate()
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            server.kill()
+    with jupyter_lab(tmp_path) as server:
+        yield server.url("dashboard.ipynb")
 
 
 def test_dashboard_draws_and_its_pause_and_resume_act_in_a_real_browser(lab, cluster):
-    from playwright.sync_api import sync_playwright
-
     idle_engines(cluster, 2)
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with chromium_page() as page:
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1800})
-            page.set_default_timeout(120_000)
             page.goto(lab)
             page.wait_for_selector(".jp-Notebook .jp-Cell")
             page.wait_for_selector("text=| Idle")  # the kernel is up
@@ -117,5 +70,3 @@ def test_dashboard_draws_and_its_pause_and_resume_act_in_a_real_browser(lab, clu
             print("OUTPUTS", page.evaluate("""() => [...document.querySelectorAll('.jp-OutputArea-output')]
                 .map(e => e.className + ' :: ' + e.innerText.slice(0, 80) + ' :: ' + e.innerHTML.length)"""))
             raise
-        finally:
-            browser.close()

@@ -20,7 +20,11 @@ export class NotebookLinks {
 
   constructor(private _tracker: INotebookTracker) {
     _tracker.forEach(panel => this._add(panel));
-    _tracker.widgetAdded.connect((_, panel) => this._add(panel));
+    // The tracker may make a panel current before announcing it: say so again once it is linked.
+    _tracker.widgetAdded.connect((_, panel) => {
+      this._add(panel);
+      this._currentChanged.emit(this.current);
+    });
     _tracker.currentChanged.connect(() =>
       this._currentChanged.emit(this.current)
     );
