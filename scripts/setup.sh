@@ -83,17 +83,18 @@ fi
 # share/jupyter/labextensions/nbdist holds the new bundle. The first `pip install -e` above already
 # builds it through hatch-jupyter-builder; this step keeps it current afterwards.
 VBIN="$(cd "$VENV/bin" && pwd)"
+quiet_or_fail() { local out; out=$(cd labextension && PATH="$VBIN:$PATH" "$@" 2>&1) || { echo "$out" >&2; return 1; }; }
 lab_stamp="$VENV/.nbdist-labextension"
 lab_want=$(cd labextension && cat package.json yarn.lock .yarnrc.yml tsconfig.json $(find src style -type f | sort) | sha1sum | cut -c1-16)
 if [ "$(cat "$lab_stamp" 2>/dev/null)" != "$lab_want" ] || [ ! -f "$VENV/share/jupyter/labextensions/nbdist/package.json" ]; then
   deps_want=$(cat labextension/package.json labextension/yarn.lock | sha1sum | cut -c1-16)
   if [ "$(cat labextension/node_modules/.nbdist-deps 2>/dev/null)" != "$deps_want" ]; then
     say "installing the JupyterLab extension's node modules (about a minute, once)"
-    (cd labextension && PATH="$VBIN:$PATH" jlpm install --immutable >/dev/null)
+    quiet_or_fail jlpm install --immutable
     echo "$deps_want" > labextension/node_modules/.nbdist-deps
   fi
   say "building the JupyterLab extension"
-  (cd labextension && PATH="$VBIN:$PATH" jlpm build:prod >/dev/null)
+  quiet_or_fail jlpm build:prod
   pip_quiet install -q --no-deps -e .
   echo "$lab_want" > "$lab_stamp"
 fi
