@@ -27,15 +27,28 @@ from .strategies import option_line
 QUICK = {"workers": 4, "samples": 8000, "epochs": 2, "seeds": 1, "simulate": "speed=1,1,0.5,0.25"}
 DEFAULT_STRATEGIES = "local,ssgd,asgd,asgd:momentum=0,dc-asgd-a,dc-asgdk,ddc-asgd"
 
-DEFINITION = '''
+DATA = '''
 import keras
 from nbdist.datasets import fashion_mnist
 (x, y), (x_test, y_test) = fashion_mnist(limit={samples})
-x, x_test = x.reshape(len(x), -1).astype("float32") / 255, x_test.reshape(len(x_test), -1).astype("float32") / 255
-def build():
-    return keras.Sequential([keras.Input((784,)), keras.layers.Dense({hidden}, activation="relu"),
-                             keras.layers.Dense(10, activation="softmax")])
+x, x_test = x.astype("float32") / 255, x_test.astype("float32") / 255
 '''
+# mlp: 0.4 MB of weights and ~1 ms of compute per step on a CPU (communication-bound);
+# cnn: 0.1 MB and tens of ms per step (compute-bound), where unequal compute speeds matter most
+MODELS = {
+    "mlp": '''
+def build():
+    return keras.Sequential([keras.Input((28, 28)), keras.layers.Flatten(),
+                             keras.layers.Dense({hidden}, activation="relu"), keras.layers.Dense(10, activation="softmax")])
+''',
+    "cnn": '''
+def build():
+    return keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Conv2D(16, 3, activation="relu"),
+                             keras.layers.MaxPooling2D(), keras.layers.Conv2D(32, 3, activation="relu"),
+                             keras.layers.MaxPooling2D(), keras.layers.Flatten(),
+                             keras.layers.Dense(10, activation="softmax")])
+''',
+}
 
 TRAIN = '''
 model = build()
@@ -112,11 +125,39 @@ def run_one(shell, session, row: Row, args, seed: int) -> dict:
         "staleness_mean": statistics.mean(applied) if applied else 0.0,
         "staleness_max": max(applied) if applied else 0,
         "dropped": sum(1 for p in pushes if p["dropped"]),
+        "bytes_sent": _bytes_sent(run, shell.user_ns.get("model")),
         "curve": {"epoch": list(range(1, len(run.history.get("val_accuracy", [])) + 1)) if run else [],
                   "val_accuracy": list(run.history.get("val_accuracy", [])) if run else [],
                   "t": _epoch_times(run, started)},
         "error": error,
     }
+
+
+def _bytes_sent(run, model) -> float | None:
+    """Bytes the workers sent: measured at the PS client; for hfdt, what a ring allreduce sends
+    (2(N-1)/N of the gradient per rank and step), counted from the steps made."""
+    if run is None or not run.fits:
+        return None
+    last = {}
+    for fit in run.fits:
+        for r in fit.records:
+            last[r["worker"]] = r
+    measured = [r.get("bytes_sent") for r in last.values()]
+    if all(b is not None for b in measured) and measured:
+        return float(sum(measured))
+    if run.strategy == "hfdt" and model is not None:
+        n = len(run.workers)
+        return float(sum(r["step"] for r in last.values()) * 2 * (n - 1) / n * 4 * model.count_params())
+    return None
+
+
+def time_to_target(result: dict, target: float) -> float | None:
+    """Seconds from the run's start to the first epoch end whose validation accuracy reached `target`."""
+    curve = result["curve"]
+    for t, accuracy in zip(curve["t"], curve["val_accuracy"]):
+        if accuracy >= target:
+            return t
+    return None
 
 
 def _epoch_times(run, started: float) -> list[float]:
@@ -127,14 +168,19 @@ def _epoch_times(run, started: float) -> list[float]:
     return [round(last_of_epoch[e] - (run.started_at or started), 3) for e in sorted(last_of_epoch)]
 
 
-def summarise(results: list[dict]) -> list[dict]:
+def summarise(results: list[dict], target: float | None = None) -> list[dict]:
     """Mean +- std over seeds for each row, in the order rows were given."""
     labels = list(dict.fromkeys(r["label"] for r in results))
     summary = []
     for label in labels:
         runs = [r for r in results if r["label"] == label]
         accs = [r["accuracy"] for r in runs]
+        times = [t for t in (time_to_target(r, target) for r in runs) if t is not None] if target else []
+        sent = [r["bytes_sent"] for r in runs if r.get("bytes_sent") is not None]
         summary.append({
+            "time_to_target": statistics.mean(times) if times else None,
+            "time_to_target_std": statistics.stdev(times) if len(times) > 1 else 0.0,
+            "reached": len(times), "bytes_sent": statistics.mean(sent) if sent else None,
             "label": label, "runs": len(runs), "accuracy_mean": statistics.mean(accs),
             "accuracy_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
             "wall_s": statistics.mean(r["wall_s"] for r in runs),
@@ -147,17 +193,45 @@ def summarise(results: list[dict]) -> list[dict]:
 
 
 def markdown(summary: list[dict], command: str, args) -> str:
+    target = args.target_accuracy
     lines = [f"Command: `{command}`", "",
              f"{args.workers} workers; Fashion-MNIST, {args.samples or 60000} training samples, 10,000 test; "
-             f"MLP 784-{args.hidden}-10; SGD lr {args.lr}, momentum {args.momentum}; batch {args.batch} per worker; "
+             f"{_model_text(args)}; SGD lr {args.lr}, momentum {args.momentum}; batch {args.batch} per worker; "
              f"{args.epochs} epochs; seeds {args.seeds}; simulate: {args.simulate or 'none'}.", "",
-             "| strategy | final test accuracy | wall s | staleness mean | staleness max | dropped pushes |",
-             "|---|---|---|---|---|---|"]
+             "| strategy | final test accuracy | wall s | " + (f"s to {target} (reached) | " if target else "")
+             + "MB sent | staleness mean | staleness max | dropped pushes |",
+             "|---|---|---|" + ("---|" if target else "") + "---|---|---|---|"]
     for s in summary:
         failed = f" ({s['failed']} failed)" if s["failed"] else ""
+        reach = ""
+        if target:
+            reach = (f"{s['time_to_target']:.1f} +- {s['time_to_target_std']:.1f} ({s['reached']}/{s['runs']}) | "
+                     if s["time_to_target"] is not None else f"never (0/{s['runs']}) | ")
+        sent = f"{s['bytes_sent'] / 1e6:.1f}" if s["bytes_sent"] is not None else "-"
         lines.append(f"| {s['label']} | {s['accuracy_mean']:.4f} +- {s['accuracy_std']:.4f}{failed} | "
-                     f"{s['wall_s']:.1f} | {s['staleness_mean']:.2f} | {s['staleness_max']} | {s['dropped']:.0f} |")
+                     f"{s['wall_s']:.1f} | {reach}{sent} | {s['staleness_mean']:.2f} | {s['staleness_max']} | "
+                     f"{s['dropped']:.0f} |")
     return "\n".join(lines) + "\n"
+
+
+def result_lines(summary: list[dict], base: str = "ashl") -> list[str]:
+    """`RESULT ashl_vs_<row>_time=<ratio>`: the base row's mean time to the target over each other row's."""
+    rows = {s["label"]: s for s in summary}
+    if base not in rows:
+        return []
+    mine = rows[base]["time_to_target"]
+    lines = []
+    for label, row in rows.items():
+        if label == base or row["time_to_target"] is None and mine is None:
+            continue
+        theirs = row["time_to_target"]
+        ratio = "nan" if mine is None else "0" if theirs is None else f"{mine / theirs:.3f}"
+        lines.append(f"RESULT {base}_vs_{label.replace(':', '_').replace('=', '')}_time={ratio}")
+    return lines
+
+
+def _model_text(args) -> str:
+    return f"MLP 784-{args.hidden}-10" if args.model == "mlp" else "CNN conv16-pool-conv32-pool-dense10"
 
 
 def write_html(results: list[dict], path: Path) -> None:
@@ -186,14 +260,19 @@ def compare(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--seeds", type=int)
     parser.add_argument("--samples", type=int, help="training samples (default: all 60,000)")
     parser.add_argument("--simulate", help="as %%%%distribute --simulate, for every multi-worker row")
+    parser.add_argument("--target-accuracy", type=float,
+                        help="report each row's time to this validation accuracy, and ASHL's ratios to the others")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--model", default="mlp", choices=sorted(MODELS))
+    parser.add_argument("--hidden", type=int, default=128, help="the MLP's hidden units")
     parser.add_argument("--out", default="build/experiments", help="folder for results.md, results.json, curves.html")
     parser.add_argument("--quick", action="store_true", help=f"small preset (<10 min on 2 cores): {QUICK}")
     args = parser.parse_args(argv)
     defaults = QUICK if args.quick else {"workers": 8, "samples": None, "epochs": 4, "seeds": 3, "simulate": None}
+    if args.workers is None and args.simulate:  # one simulated profile per worker
+        args.workers = max(len(part.split(",")) for part in args.simulate.split(";"))
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -208,24 +287,31 @@ def compare(argv: list[str] | None = None) -> list[dict]:
     results = []
     try:
         shell.run_cell_magic("distribute", "define --name experiment-data",
-                             DEFINITION.format(samples=args.samples, hidden=args.hidden))
+                             DATA.format(samples=args.samples) + MODELS[args.model].format(hidden=args.hidden))
         for seed in range(args.seeds):
             for row in rows:
                 result = run_one(shell, session, row, args, seed)
                 results.append(result)
+                reached = time_to_target(result, args.target_accuracy) if args.target_accuracy else None
                 print(f"  seed {seed} {row.label}: accuracy {result['accuracy']:.4f}, {result['wall_s']:.1f} s, "
                       f"staleness mean {result['staleness_mean']:.2f}"
+                      + (f", {args.target_accuracy} at {reached:.1f} s" if reached is not None else "")
                       + (f" [{result['error']}]" if result["error"] else ""), flush=True)
     finally:
         shell.run_line_magic("dist", "stop")
-    summary = summarise(results)
+    summary = summarise(results, args.target_accuracy)
     table = markdown(summary, command, args)
+    results_line = result_lines(summary) if args.target_accuracy else []
+    if results_line:
+        table += "\n" + "\n".join(results_line) + "\n"
     (out / "results.md").write_text(table)
     (out / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
     write_html(results, out / "curves.html")
     print()
     print(table)
     print(f"Wrote {out / 'results.md'}, {out / 'results.json'} and {out / 'curves.html'}")
+    for line in results_line:  # the headline figures end the output
+        print(line)
     return summary
 
 

@@ -102,6 +102,10 @@ class Slowdown:
             self._sleep(delay)
         self._compute_started = time.perf_counter()
 
+    def local_step(self) -> None:
+        """A step that ended without an exchange: start timing the next one."""
+        self._compute_started = time.perf_counter()
+
     def _sleep(self, seconds: float) -> None:
         time.sleep(seconds)  # the point of simulation: this worker really is this much slower
         self.slept_s += seconds

@@ -27,6 +27,7 @@ def keras_reporter(run_id: str, worker: int, batch_size: int | None, publish=Non
     `publish(dict)` sends the latest state to the kernel (ipyparallel's datapub on an
     engine); the full list of records stays in `callback.records` for the result.
     `extra()` returns strategy-measured fields (staleness, bytes_sent, comm_s) for each record.
+    `batch_size` may be a function, for a worker whose batch changes during the fit (ASHL).
     """
     import keras
 
@@ -58,7 +59,7 @@ def keras_reporter(run_id: str, worker: int, batch_size: int | None, publish=Non
 
         def on_train_batch_end(self, batch, logs=None):
             self._step += 1
-            self._samples += batch_size or 0
+            self._samples += (batch_size() if callable(batch_size) else batch_size) or 0
             now = time.time()
             if now - self._last_t >= interval_s:
                 self._emit(now, logs, batch + 1)
@@ -81,7 +82,7 @@ def keras_reporter(run_id: str, worker: int, batch_size: int | None, publish=Non
             if publish is not None:
                 publish({
                     "record": record,
-                    "batch_size": batch_size,
+                    "batch_size": batch_size() if callable(batch_size) else batch_size,
                     "epochs": self.params.get("epochs"),
                     "steps": self.params.get("steps"),
                     "batch": batch_in_epoch,

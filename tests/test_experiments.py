@@ -7,7 +7,7 @@ import math
 import pytest
 
 from nbdist.errors import OptionError
-from nbdist.experiments import markdown, parse_rows, summarise
+from nbdist.experiments import markdown, parse_rows, result_lines, summarise
 from nbdist.strategies import option_line
 
 
@@ -41,5 +41,22 @@ def test_summary_is_mean_and_std_over_seeds_in_row_order():
 
     class Args:
         workers, samples, hidden, lr, momentum, batch, epochs, seeds, simulate = 4, 8000, 128, 0.05, 0.9, 64, 2, 2, None
+        model, target_accuracy = "mlp", None
     table = markdown(summary, "python -m nbdist.experiments compare", Args)
-    assert "| b | 0.7000 +- 0.1414 | 10.0 | 1.00 | 5 | 0 |" in table
+    assert "| b | 0.7000 +- 0.1414 | 10.0 | - | 1.00 | 5 | 0 |" in table
+
+
+def test_time_to_target_and_the_ratios_of_ashl_to_the_others():
+    def result(label, times, accs, sent=2e6):
+        return {"label": label, "accuracy": accs[-1], "wall_s": times[-1], "staleness_mean": 0.0, "staleness_max": 0,
+                "dropped": 0, "error": None, "bytes_sent": sent, "curve": {"t": times, "val_accuracy": accs}}
+
+    results = [result("ashl", [5, 10], [0.7, 0.81]), result("ashl", [4, 8], [0.80, 0.85]),
+               result("ssgd", [10, 20], [0.6, 0.80]), result("ssgd", [10, 20], [0.5, 0.7]),
+               result("adsp", [3, 6], [0.5, 0.6], sent=None)]
+    summary = summarise(results, target=0.8)
+    ashl, ssgd, adsp = summary
+    assert ashl["time_to_target"] == pytest.approx(7.0) and ashl["reached"] == 2
+    assert ssgd["time_to_target"] == pytest.approx(20.0) and ssgd["reached"] == 1
+    assert adsp["time_to_target"] is None and adsp["bytes_sent"] is None and ashl["bytes_sent"] == 2e6
+    assert result_lines(summary) == ["RESULT ashl_vs_ssgd_time=0.350", "RESULT ashl_vs_adsp_time=0"]

@@ -14,9 +14,12 @@ fixed there and T is solved again for the others. Rounding keeps the sum exactly
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, replace
 
 DRIFT = 0.15  # re-allocate when a worker's EMA step time leaves its predicted time by more than this
+COMM_SHARE = 0.5  # a worker whose exchange would take more than this part of the common step time ...
+MAX_PERIOD = 16  # ... pushes every k steps instead (k local gradients summed), k at most this
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,32 @@ def allocate(profiles: list[CostModel], global_batch: int, b_min: int = 1, b_max
         fixed[worst] = out[worst]
     real = [fixed.get(i, ideal.get(i)) for i in range(n)]
     return _round_keeping_sum(real, global_batch)
+
+
+def allocate_with_periods(profiles: list[CostModel], global_batch: int, b_min: int = 1,
+                          b_max: int | None = None) -> tuple[list[int], list[int]]:
+    """Batches and push periods: communication allocated as well as computation.
+
+    A worker on a slow link cannot match the others' step time T if its exchange alone
+    takes longer; it then pushes every k_i steps (the gradients of k_i batches, computed on
+    the same weights, summed into one push of k_i*b_i samples), so it spends
+    comm_i/k_i <= COMM_SHARE*T per step and is given the batch its compute allows (a worker
+    held at b_min gets the period that fits its exchange into what its compute leaves of T).
+    Solved by a few rounds of: allocate with comm_i/k_i, then k_i from the time left.
+    """
+    periods = [1] * len(profiles)
+    for _ in range(5):
+        effective = [replace(p, comm_s=p.comm_s / k) for p, k in zip(profiles, periods)]
+        batches = allocate(effective, global_batch, b_min, b_max)
+        step = statistics.median(p.step_s(b) for p, b in zip(effective, batches))
+        # the time this worker's compute leaves for its exchange within the common step (a floored worker: little)
+        room = [max(COMM_SHARE * step, step - p.fixed_s - p.per_sample_s * b) if b > b_min else
+                max(step - p.fixed_s - p.per_sample_s * b, p.comm_s / MAX_PERIOD) for p, b in zip(profiles, batches)]
+        wanted = [min(MAX_PERIOD, max(1, math.ceil(p.comm_s / r - 1e-9))) for p, r in zip(profiles, room)]
+        if wanted == periods:
+            break
+        periods = wanted
+    return batches, periods
 
 
 def _round_keeping_sum(values: list[float], total: int) -> list[int]:

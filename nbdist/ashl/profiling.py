@@ -1,14 +1,14 @@
 """Profiling (DESIGN.md section 6, step 1): how fast one worker computes, measured on its real model.
 
 Times forward+backward steps at batch b0 and 2*b0 (gradients computed, never applied, so
-the model is unchanged) and fits t(b) = a + c*b through the median step time of each. A
+the model is unchanged) and fits t(b) = a + c*b through the fastest step time of each: on a
+shared host other processes only ever add time, so the minimum is the step's own cost. A
 simulated speed (`--simulate`) multiplies the measured times by 1/speed, so profiles see
 simulated and real slowness alike.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 
 from ..hetero import Profile as SimulatedProfile
@@ -29,19 +29,21 @@ def profile_compute(model, x, y, b0: int, simulated: SimulatedProfile | None = N
         return tape.gradient(loss, model.trainable_variables)
 
     stretch = 1.0 / simulated.speed if simulated is not None else 1.0
-    batches, seconds = [], []  # one median step time per batch size: a preempted step does not tilt the line
-    for b in (b0, 2 * b0):
-        xb, yb = tf.constant(x[:b]), tf.constant(y[:b])
-        for g in gradients(xb, yb):  # the first call traces: not timed
-            g.numpy()
-        times = []
-        for _ in range(steps):  # back to back: a sleep between steps would slow the next one down too
+    sizes = (b0, 2 * b0)
+    inputs = [(tf.constant(x[:b]), tf.constant(y[:b])) for b in sizes]
+    for xb, yb in inputs:  # the first call of each shape traces: not timed
+        _wait(gradients(xb, yb))
+    times: list[list[float]] = [[], []]
+    for _ in range(steps):  # the two sizes alternate, so a burst of load on the host slows both alike
+        for i, (xb, yb) in enumerate(inputs):
             started = time.perf_counter()
-            for g in gradients(xb, yb):
-                g.numpy()  # wait for the result, not just the dispatch
-            times.append(time.perf_counter() - started)
-        if stretch > 1:
-            time.sleep(sum(times) * (stretch - 1))  # profiling takes as long as on the slower host
-        batches.append(b)
-        seconds.append(statistics.median(times) * stretch)
-    return fit_profile(batches, seconds, comm_s=comm_s)
+            _wait(gradients(xb, yb))
+            times[i].append(time.perf_counter() - started)
+    if stretch > 1:
+        time.sleep(sum(map(sum, times)) * (stretch - 1))  # profiling takes as long as on the slower host
+    return fit_profile(list(sizes), [min(t) * stretch for t in times], comm_s=comm_s)
+
+
+def _wait(tensors) -> None:
+    for t in tensors:
+        t.numpy()  # wait for the result, not just the dispatch

@@ -71,3 +71,74 @@ class CompressionPolicy:
         self.mode = "none"
         return self.mode, f"communication is {share:.0%} of step time (< {ON_ABOVE:.0%} to start, " \
                           f"< {OFF_BELOW:.0%} to stop)"
+
+
+TOPK_DENSITY = 0.01  # heavy pressure: 1% of each gradient's entries per push, the rest carried over
+MODES = ("none", "fp16", "topk")
+
+
+class PushCompressor:
+    """One worker's compression of its PS pushes: the mode the policy chose, and top-k's residuals.
+
+    Leaving top-k sends the residual with the next gradient, so what was held back is not lost.
+    """
+
+    def __init__(self, density: float = TOPK_DENSITY):
+        self.policy = CompressionPolicy()
+        self.density = density
+        self.topk: dict[str, TopK] = {}
+
+    @property
+    def mode(self) -> str:
+        return self.policy.mode
+
+    def review(self, comm_s: float, compute_s: float, epoch: float) -> str | None:
+        """Let the policy decide from this worker's step times; the reason when the mode changed."""
+        before = self.policy.mode
+        mode, reason = self.policy.decide(comm_s, compute_s, epoch)
+        return f"{before} -> {mode}: {reason}" if mode != before else None
+
+    def encode(self, grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The arrays to push for these gradients under the current mode (see `decode_push`)."""
+        if self.mode != "topk" and self.topk:  # flush what top-k held back
+            grads = {n: g + self.topk[n].residual if n in self.topk else g for n, g in grads.items()}
+            self.topk = {}
+        if self.mode == "fp16":
+            return {n: to_fp16(g) for n, g in grads.items()}
+        if self.mode == "topk":
+            out = {}
+            for name, g in grads.items():
+                coder = self.topk.setdefault(name, TopK(g.shape, self.density, g.dtype))
+                out[f"{name}|idx"], out[f"{name}|val"] = coder.compress(g)
+            return out
+        return grads
+
+
+def decode_push(arrays: dict[str, np.ndarray], mode: str, expected: dict[str, tuple[tuple, str]]) -> dict:
+    """Dense gradients from a compressed push; ValueError names what does not fit `expected`
+    ({name: (shape, dtype)}). Uncompressed pushes pass through (the shard checks them as before)."""
+    if mode in (None, "none"):
+        return arrays
+    if mode == "fp16":
+        if set(arrays) != set(expected):
+            raise ValueError(f"expected arrays {sorted(expected)}, got {sorted(arrays)}")
+        for name, array in arrays.items():
+            if array.dtype != np.float16 or tuple(array.shape) != tuple(expected[name][0]):
+                raise ValueError(f"{name}: an fp16 push needs float16 {tuple(expected[name][0])}, "
+                                 f"got {array.dtype.name} {tuple(array.shape)}")
+        return {name: from_fp16(array, expected[name][1]) for name, array in arrays.items()}
+    if mode == "topk":
+        wanted = {f"{n}|{part}" for n in expected for part in ("idx", "val")}
+        if set(arrays) != wanted:
+            raise ValueError(f"a top-k push needs NAME|idx and NAME|val for {sorted(expected)}")
+        dense = {}
+        for name, (shape, dtype) in expected.items():
+            idx, val = arrays[f"{name}|idx"], arrays[f"{name}|val"]
+            size = int(np.prod(shape))
+            if idx.dtype != np.int64 or idx.ndim != 1 or idx.shape != val.shape or val.dtype.name != dtype:
+                raise ValueError(f"{name}: top-k needs int64 indices and {dtype} values of one length")
+            if idx.size and (idx.min() < 0 or idx.max() >= size):
+                raise ValueError(f"{name}: top-k index outside 0..{size - 1}")
+            dense[name] = TopK.decompress(idx, val, shape, dtype)
+        return dense
+    raise ValueError(f"unknown compression {mode!r}; one of {MODES}")

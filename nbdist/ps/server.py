@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from . import rules, wire
+from .compression import decode_push
+from .coordination import Coordination
 from .updaters import make_updater
 
 HEARTBEAT_TIMEOUT_S = 5.0
@@ -30,7 +32,8 @@ ZERO_COPY_FROM = 1 << 16  # bytes: smaller arrays are copied into the message, l
 LOG_LIMIT = 500_000  # push-log entries kept; past it the log stops growing (counters go on)
 CONTROLLER = "controller"
 CONTROLLER_KINDS = {"state", "stats", "restore", "stop", "heartbeat", "control"}
-CONTROL_ACTIONS = ("pause", "resume", "stop", "lr_scale", "max_staleness", "evict")
+CONTROL_ACTIONS = ("pause", "resume", "stop", "lr_scale", "max_staleness", "evict", "allocate", "switch_phase")
+HELD_KINDS = ("pull", "push", "done", "turn", "profile")  # answered when their condition holds
 LOG_FIELDS = ("t", "worker", "step", "version", "staleness", "outcome", "lead", "gamma", "momentum", "comp_norm",
               "lr")
 
@@ -76,6 +79,7 @@ class Shard:
         self.paused = False  # control: hold every pull and push, so the version stands still
         self.finishing = False  # control: graceful stop, every push reply tells its worker to end its fit
         self.lr_scale = 1.0
+        self.coordination = Coordination(config["ashl"]) if config.get("ashl") is not None else None
 
     # -- checks ------------------------------------------------------------------------
     @property
@@ -117,17 +121,24 @@ class Shard:
             return [(ident, "pong", None, {"version": self.version})]
         if kind == "init":
             return [(ident, *self._init(message)), *self.release()]
-        if kind == "push":
+        if kind in ("push", "probe"):
             if not self.initialised:
-                raise wire.Rejected("malformed", "push before init")
+                raise wire.Rejected("malformed", f"{kind} before init")
+            self._decode_push(message)
             wire.check_arrays(message.arrays, self.expected())
-            if not isinstance(message.header.get("version"), int):
+            if kind == "push" and not isinstance(message.header.get("version"), int):
                 raise wire.Rejected("malformed", "push without the version its gradient was computed on")
+        if kind == "probe":  # a timed round trip of a push's size (ASHL profiling): nothing is applied
+            return [(ident, "weights", dict(self.variables), {"version": self.version})]
+        if kind in ("turn", "profile", "epoch"):
+            self._coordinate(worker, message)
+        if kind == "epoch":
+            return [(ident, "ok", None, self._coordination_reply())]
         if kind == "done":
             self.workers[worker].done = True
         if kind == "pull":  # the start of a (next) fit call
             self.workers[worker].done = False
-        if kind in ("pull", "push", "done"):
+        if kind in HELD_KINDS:
             self.waiting.append((ident, message))
             return self.release()
         if kind == "state":
@@ -146,6 +157,34 @@ class Shard:
             self.stopping = True
             return [(ident, "ok", None, {})]
         raise wire.Rejected("malformed", f"unknown kind {kind!r}")
+
+    def _decode_push(self, message: wire.Message) -> None:
+        reason = message.header.get("compression_reason")
+        if reason:
+            self.events.append({"t": time.time(), "event": "compression", "worker": message.header.get("worker"),
+                                "mode": message.header.get("compression"), "reason": str(reason)[:200]})
+        try:
+            message.arrays = decode_push(message.arrays, message.header.get("compression"), self.expected())
+        except ValueError as exc:
+            raise wire.Rejected("malformed", f"compressed push: {exc}") from None
+
+    def _coordinate(self, worker: int, message: wire.Message) -> None:
+        if self.coordination is None:
+            raise wire.Rejected("malformed", f"{message.kind} is for --strategy ashl; this run is not one")
+        try:
+            if message.kind == "profile":
+                self.coordination.post_profile(worker, message.header.get("profile"))
+            elif message.kind == "epoch":
+                self.coordination.post_report(worker, message.header.get("report"))
+        except ValueError as exc:
+            raise wire.Rejected("malformed", str(exc)) from None
+
+    def _coordination_reply(self) -> dict:
+        return {"allocation": self.coordination.allocation, **self._phase()}
+
+    def _phase(self) -> dict:
+        """ASHL's phase, told with every reply to its workers (other strategies have none)."""
+        return {} if self.coordination is None else {"phase": "shl" if self.synchronous else "ahl"}
 
     def _init(self, message: wire.Message):
         trainable = set(message.header.get("trainable") or [])
@@ -222,12 +261,31 @@ class Shard:
             if value not in self.workers:
                 raise wire.Rejected("unknown_worker", f"cannot evict worker {value!r}")
             self.workers[value].evicted = True
+        elif action == "allocate":
+            if self.coordination is None:
+                raise wire.Rejected("malformed", "allocate is for --strategy ashl")
+            try:
+                self.coordination.allocate(value)
+            except ValueError as exc:
+                raise wire.Rejected("malformed", str(exc)) from None
+        elif action == "switch_phase":
+            self._switch_to_synchronous()
         self.events.append({"t": time.time(), "event": f"control:{action}", "value": value})
         return self.control_state()
 
+    def _switch_to_synchronous(self) -> None:
+        """ASHL's SHL phase: one batch-weighted mean per round, applied by the cell's own optimizer."""
+        if self.synchronous:
+            return
+        if self.coordination is None:
+            raise wire.Rejected("malformed", "switch_phase is for --strategy ashl")
+        self.synchronous, self.max_staleness = True, None
+        if self.initialised:
+            self.updater = make_updater(None, self.spec, self.variables, {})
+
     def control_state(self) -> dict:
         return {"paused": self.paused, "finishing": self.finishing, "lr_scale": self.lr_scale,
-                "max_staleness": self.max_staleness, "version": self.version,
+                "max_staleness": self.max_staleness, "version": self.version, "synchronous": self.synchronous,
                 "evicted": [k for k, w in self.workers.items() if w.evicted]}
 
     def _try(self, ident: bytes, message: wire.Message):
@@ -244,6 +302,10 @@ class Shard:
             return [(ident, "weights", self._weights_for(worker), {"version": self.version})]
         if message.kind == "done":  # the end-of-fit barrier: answered once no live worker is still training
             return None if self.live() else [(ident, "weights", self._weights_for(worker), {"version": self.version})]
+        if message.kind == "turn":
+            return [(ident, "ok", None, {})] if self.coordination.turn_ready(worker, self.live()) else None
+        if message.kind == "profile":
+            return [(ident, "ok", None, self._coordination_reply())] if self.coordination.allocation else None
         return self._try_push(ident, worker, message)
 
     def _weights_for(self, worker: int) -> dict:
@@ -262,7 +324,11 @@ class Shard:
             self.round[worker] = (ident, message.header.get("step"), message.arrays, message.header.get("batch") or 1)
             return self._complete_round()
         staleness = self.version - message.header["version"]
-        info = self._update(message.arrays, worker, staleness)
+        grads = message.arrays
+        scale = self.coordination.batch_scale(message.header.get("batch")) if self.coordination is not None else 1.0
+        if scale != 1.0:
+            grads = {name: g * np.asarray(scale, g.dtype) for name, g in grads.items()}
+        info = self._update(grads, worker, staleness)
         self._log(worker, message.header.get("step"), staleness, info)
         self.counts["acked"] += 1
         if bound == 0:
@@ -271,7 +337,8 @@ class Shard:
                 self.held_replies.append((ident, worker, state.pushed))
                 return []
         return [(ident, "weights", self._weights_for(worker),
-                 {"version": self.version, "staleness": staleness, "gamma": info["gamma"], "stop": self.finishing})]
+                 {"version": self.version, "staleness": staleness, "gamma": info["gamma"], "stop": self.finishing,
+                  **self._phase()})]
 
     def _update(self, grads: dict, worker: int, staleness: int) -> dict:
         variables = {name: self._unshared(self.variables, name) for name in grads}
@@ -296,7 +363,7 @@ class Shard:
             self.counts["acked"] += 1
             if self.workers[worker].alive:
                 replies.append((ident, "weights", self._weights_for(worker),
-                                {"version": self.version, "staleness": 0, "stop": self.finishing}))
+                                {"version": self.version, "staleness": 0, "stop": self.finishing, **self._phase()}))
         return replies
 
     def sent(self, shared) -> None:
@@ -343,6 +410,7 @@ class Shard:
         return {"shard": self.index, "version": self.version, "counts": dict(self.counts),
                 "rule": self.rule, "synchronous": self.synchronous, "control": self.control_state(),
                 "rejections": dict(self.rejections), "layout": self.layout, "names": list(self.variables),
+                "coordination": self.coordination.summary() if self.coordination is not None else None,
                 "optimizer": asdict(self.spec) if self.spec else None,
                 "workers": {k: {"pushed": w.pushed, "alive": w.alive, "done": w.done, "died_at": w.died_at}
                             for k, w in self.workers.items()}}

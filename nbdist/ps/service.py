@@ -102,7 +102,8 @@ class PsService:
         first = replies[0].header
         self._log_seen = first["since"] + len(first["log"])
         return {"log_fields": first["log_fields"], "log": first["log"], "version": first["version"],
-                "control": [r.header["control"] for r in replies], "workers": first["workers"]}
+                "control": [r.header["control"] for r in replies], "workers": first["workers"],
+                "coordination": first.get("coordination"), "events": first["events"]}
 
     def stop(self, cluster=None) -> dict:
         """Final checkpoint (when the PS still answers), the shards' logs, then stop them; returns the stats."""

@@ -7,6 +7,7 @@ from .base import Option, Strategy, Worker
 from .hfdt import HfdtStrategy
 from .local import LocalStrategy
 from .adsp import AdspStrategy
+from .ashl import AshlStrategy
 from .asgd import (AsgdStrategy, DcAsgdAdaptiveStrategy, DcAsgdKStrategy, DcAsgdStrategy,
                    DdcAsgdStrategy, SsgdStrategy)
 from .nfdt import NfdtStrategy
@@ -78,7 +79,7 @@ STRATEGY_OPTIONS: dict[str, Option] = {
 
 REGISTRY: dict[str, type[Strategy]] = {cls.name: cls for cls in (LocalStrategy, HfdtStrategy, NfdtStrategy, AsgdStrategy, DcAsgdStrategy,
                                                              DcAsgdAdaptiveStrategy, DcAsgdKStrategy, DdcAsgdStrategy,
-                                                             SsgdStrategy, AdspStrategy)}
+                                                             SsgdStrategy, AdspStrategy, AshlStrategy)}
 
 
 def strategy_names() -> list[str]:

@@ -11,6 +11,7 @@ import contextlib
 import os
 
 from ..errors import ClusterError, OptionError
+from ..hetero import Slowdown, parse_simulate
 from ..keras_bridge import build_for_training
 from ..rendezvous import Rendezvous, host_plan, rendezvous_address, require_horovod
 from ..sharding import shard_fit_data
@@ -50,7 +51,7 @@ class HfdtWorker(Worker):
             optimizer.apply_gradients = _allreduced(hvd, original_apply, self.options.get("compression"))
             model.jit_compile = False  # XLA cannot compile Horovod's ops
             model.train_function = None  # retrace with the allreduce in the step
-            callbacks = [_epoch_log_averager(hvd), *self._lr_callbacks(optimizer),
+            callbacks = [_epoch_log_averager(hvd), *self._lr_callbacks(optimizer), *self._simulation(model),
                          *list(request.callbacks or []), self.make_reporter(request.samples_per_step)]
             return request.run_plain(callbacks=callbacks, verbose=0, **data)
         finally:
@@ -84,6 +85,26 @@ class HfdtWorker(Worker):
         if (hvd.rank(), hvd.size()) != (self.rank, self.size):
             raise ClusterError(f"Horovod gave rank {hvd.rank()}/{hvd.size()}, expected {self.rank}/{self.size}")
         return hvd
+
+    def _simulation(self, model) -> list:
+        """`--simulate`: this rank's steps stretched by 1/speed, and its link charged for the allreduce's bytes."""
+        profile = (self.config.get("simulate") or [None] * self.size)[self.rank]
+        if not profile:
+            return []
+        import keras
+        import numpy as np
+
+        slowdown = Slowdown(profile)
+        model_bytes = sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in model.trainable_variables)
+        # a ring allreduce sends and receives 2(N-1)/N of the gradient on every rank
+        moved = int(2 * 2 * (self.size - 1) / self.size * model_bytes)
+
+        class Simulated(keras.callbacks.Callback):  # not async_safe: its sleeps must hold the next step back
+            def on_train_batch_end(self, batch, logs=None):
+                slowdown.before_exchange()
+                slowdown.after_exchange(moved)
+
+        return [Simulated()] if slowdown.active else []
 
     def _lr_callbacks(self, optimizer) -> list:
         if self.options.get("scale_lr", "linear") == "none" or self.size == 1:
@@ -193,7 +214,7 @@ class HfdtStrategy(Strategy):
     name = "hfdt"
     min_workers = 1
     summary = "synchronous data parallel, Horovod ring-allreduce over Gloo"
-    options = ("compression", "scale_lr", "warmup_epochs")
+    options = ("compression", "scale_lr", "warmup_epochs", "simulate")
     worker_class = HfdtWorker
 
     def __init__(self, options):
@@ -207,7 +228,8 @@ class HfdtStrategy(Strategy):
         address = rendezvous_address(cluster.client, all(cluster.is_local(e) for e in run.workers))
         self.rendezvous = Rendezvous(address)
         port = self.rendezvous.start(slots)
-        return {"address": address, "port": port,
+        profiles = parse_simulate(self.options.get("simulate"), len(run.workers))
+        return {"address": address, "port": port, "simulate": [p.to_json() for p in profiles],
                 "slots": [{k: getattr(s, k) for k in ("hostname", "rank", "local_rank", "cross_rank", "size",
                                                       "local_size", "cross_size")} for s in slots]}
 

@@ -29,6 +29,10 @@ DEFAULT_CHECKPOINT_DIR = "nbdist-checkpoints"
 
 
 MAX_NON_FINITE_IN_A_ROW = 10
+EMA_WEIGHT = 0.1
+WARMUP_STEPS = 3
+PAUSE_FACTOR = 5.0
+COMPRESSION_REVIEW_STEPS = 20
 
 
 class PushPull:
@@ -45,6 +49,22 @@ class PushPull:
         self.steps = 0
         self.non_finite = 0  # pushes in a row the PS rejected for NaN / inf
         self.stop_requested = False  # the PS said: end this fit (a graceful stop, or this worker was evicted)
+        self.phase: str | None = None  # ASHL: "ahl" or "shl", as the PS answered
+        self.compressor = None  # ASHL: a PushCompressor
+        self.period = 1  # ASHL: push every `period` steps, the mean gradient of the batches in between
+        self.accumulated = 0
+        self._sum: dict[str, np.ndarray] = {}
+        self._pushed_batches = 1
+        self.shl_period: int | None = None  # ASHL: every worker's period once the phase is synchronous
+        self._reviewed_at = 0
+        self.current: list[np.ndarray] = []  # the weights last received
+        self.steps_per_epoch = 0
+        self.shapes: dict[str, tuple] = {}  # name -> (shape, dtype), for probes
+        # exponential moving averages of this worker's step: compute (simulated slowness included) and exchange
+        self.compute_s: float | None = None
+        self.exchange_s: float | None = None
+        self.timed_steps = 0
+        self._exchange_ended: float | None = None
 
     def exchange(self, kind: str) -> list[np.ndarray]:
         """Weights from a `pull` (start of fit) or a `done` (end of fit, after every worker finished)."""
@@ -54,22 +74,96 @@ class PushPull:
         grads = dict(zip(self.names, gradients))
         self.steps += 1
         self.slowdown.before_exchange()
+        started = time.perf_counter()
+        if self._exchange_ended is not None:  # compute, simulated slowness included
+            self._observe_compute(started - self._exchange_ended)
+        if self.period > 1:
+            self._accumulate(grads)
+            if self.accumulated < self.period:  # ASHL: this worker pushes every `period` steps
+                self.slowdown.local_step()
+                self._exchange_ended = time.perf_counter()
+                return self.current
+            grads = self._take_accumulated()
+        return self._exchange(grads, self.batch_size, started)
+
+    def flush(self) -> None:
+        """Push what is still accumulated (the end of a fit), so no computed gradient is lost."""
+        if self.accumulated:
+            self._exchange(self._take_accumulated(), self.batch_size, time.perf_counter())
+
+    def _accumulate(self, grads: dict) -> None:
+        if self.accumulated == 0:
+            self._sum = {n: np.array(g, dtype=np.float64) for n, g in grads.items()}
+        else:
+            for n, g in grads.items():
+                self._sum[n] += g
+        self.accumulated += 1
+
+    def _take_accumulated(self) -> dict:
+        """The mean gradient of the accumulated batches, all computed on the same weights: one batch of k*b."""
+        count, self.accumulated = self.accumulated, 0
+        self._pushed_batches = count
+        return {n: (g / count).astype(np.float32) for n, g in self._sum.items()}
+
+    def _exchange(self, grads: dict, batch: int | None, started: float) -> list[np.ndarray]:
+        fields = {"step": self.steps, "batch": batch * self._pushed_batches if batch else batch}
+        self._pushed_batches = 1
+        if self.compressor is not None:
+            grads, fields = self._compress(grads, fields)
         moved = self.client.bytes_sent + self.client.bytes_received
         try:
-            replies = self.client.request("push", [{n: grads[n] for n in shard} for shard in self.plan],
-                                          [{"version": v} for v in self.versions], step=self.steps,
-                                          batch=self.batch_size)
+            replies = self.client.request("push", _split(grads, self.plan), [{"version": v} for v in self.versions],
+                                          **fields)
         except PsRefused as exc:
             if exc.reason != "non_finite":
                 raise
             return self._skip_non_finite(exc)
         finally:
             self.slowdown.after_exchange(self.client.bytes_sent + self.client.bytes_received - moved)
+            self._exchange_ended = time.perf_counter()
+            self.exchange_s = _ema(self.exchange_s, self._exchange_ended - started)
         self.non_finite = 0
         self.staleness = max(r.header.get("staleness", 0) for r in replies)
         gammas = [r.header["gamma"] for r in replies if r.header.get("gamma") is not None]
         self.gamma = min(gammas) if gammas else None
+        self.phase = replies[0].header.get("phase", self.phase)
+        if self.phase == "shl" and self.shl_period:  # a synchronous round: everyone pushes at the same pace
+            self.period = self.shl_period
         return self._weights(replies)
+
+    def _observe_compute(self, seconds: float) -> None:
+        self.timed_steps += 1
+        if self.timed_steps <= WARMUP_STEPS:  # tracing and first batches are not the step's cost
+            return
+        if self.compute_s is not None and seconds > PAUSE_FACTOR * self.compute_s:
+            return  # validation or an epoch's end between two steps: a pause, not compute
+        self.compute_s = _ema(self.compute_s, seconds)
+
+    def reset_timing(self) -> None:
+        """Measure compute afresh (a new batch size)."""
+        self.compute_s, self.timed_steps = None, 0
+
+    def _compress(self, grads: dict, fields: dict) -> tuple[dict, dict]:
+        """Encode under this worker's compression mode, reviewed every few steps from its own timings."""
+        compressor = self.compressor
+        if self.steps - self._reviewed_at >= COMPRESSION_REVIEW_STEPS and self.compute_s is not None \
+                and self.exchange_s is not None:
+            self._reviewed_at = self.steps
+            changed = compressor.review(self.exchange_s, self.compute_s * self.period,
+                                        self.steps / max(self.steps_per_epoch, 1))
+            if changed:
+                fields["compression_reason"] = changed
+        fields["compression"] = compressor.mode
+        return compressor.encode(grads), fields
+
+    def probe(self) -> tuple[float, int]:
+        """One timed round trip of a push's size that changes nothing (ASHL profiling): (seconds, bytes)."""
+        zeros = {name: np.zeros(shape, dtype) for name, (shape, dtype) in self.shapes.items()}
+        moved = self.client.bytes_sent + self.client.bytes_received
+        started = time.perf_counter()
+        self.client.request("probe", _split(zeros, self.plan))
+        self.slowdown.after_exchange(self.client.bytes_sent + self.client.bytes_received - moved)
+        return time.perf_counter() - started, self.client.bytes_sent + self.client.bytes_received - moved
 
     def _skip_non_finite(self, refusal) -> list[np.ndarray]:
         """A NaN / inf gradient is not applied; the step continues from the PS's current weights."""
@@ -85,11 +179,30 @@ class PushPull:
         self.versions = [r.header["version"] for r in replies]
         self.stop_requested = self.stop_requested or any(r.header.get("stop") for r in replies)
         new = merged(replies)
-        return [np.array(new[name]) for name in self.names]  # own copies: the frames are read-only
+        self.current = [np.array(new[name]) for name in self.names]  # own copies: the frames are read-only
+        return self.current
 
     def metrics(self) -> dict:
+        extra = {"phase": self.phase} if self.phase else {}
         return {"staleness": self.staleness, "gamma": self.gamma, "bytes_sent": self.client.bytes_sent,
-                "comm_s": round(self.client.comm_s, 4)}
+                "comm_s": round(self.client.comm_s, 4), "compute_s": _round(self.compute_s), **extra}
+
+
+def _ema(average: float | None, value: float, weight: float = EMA_WEIGHT) -> float:
+    return value if average is None else (1 - weight) * average + weight * value
+
+
+def _round(value: float | None):
+    return None if value is None else round(value, 5)
+
+
+def _split(arrays: dict, plan: list[list[str]]) -> list[dict]:
+    """Arrays per shard; a compressed variable's parts (``name|idx``, ``name|val``) go with it."""
+    where = {name: i for i, shard in enumerate(plan) for name in shard}
+    out: list[dict] = [{} for _ in plan]
+    for key, array in arrays.items():
+        out[where[key.split("|")[0]]][key] = array
+    return out
 
 
 class NfdtWorker(Worker):
@@ -102,14 +215,14 @@ class NfdtWorker(Worker):
             raise OptionError(f"--strategy {self.spec['strategy']} is an SGD rule (learning rate and momentum from "
                               f"the cell's optimizer); the cell compiled {spec.name}. Compile with "
                               "keras.optimizers.SGD(lr, momentum=...), or use --strategy asgd to keep your optimizer.")
-        data = shard_fit_data(request, self.rank, self.size)
+        data = self.fit_data(request)
         build_for_training(model, data["x"])
         variables = list(model.trainable_variables)
         names = variable_names(model)["trainable"]
         plan = partition({n: int(np.prod(v.shape)) for n, v in zip(names, variables)}, len(self.config["shards"]))
         client = PsClient(self.config["shards"], bytes.fromhex(self.config["key"]), self.rank)
-        step = PushPull(client, plan, names, request.samples_per_step,
-                        Slowdown((self.config.get("simulate") or [None] * self.size)[self.rank]))
+        step = PushPull(client, plan, names, request.samples_per_step, Slowdown(self.simulated))
+        step.shapes = {n: (tuple(v.shape), str(v.dtype)) for n, v in zip(names, variables)}
         original_apply = optimizer.apply_gradients
         try:
             if self.rank == 0:
@@ -117,17 +230,30 @@ class NfdtWorker(Worker):
             _assign(variables, step.exchange("pull"))
             own = self.connect(step, model, variables)
             model.train_function = None
-            callbacks = [*list(request.callbacks or []), *own, _stop_when_asked(step),
-                         self.make_reporter(request.samples_per_step, extra=step.metrics)]
-            history = request.run_plain(callbacks=callbacks, verbose=0, **data)
+            history = self.train(request, step, data, [*list(request.callbacks or []), *own, _stop_when_asked(step)])
             for callback in own:
                 getattr(callback, "finish", lambda: None)()
+            step.flush()
             _assign(variables, step.exchange("done"))  # waits for the other workers; the final PS weights
             return history
         finally:
             optimizer.apply_gradients = original_apply
             model.train_function = None
             client.close()
+
+    @property
+    def simulated(self) -> dict | None:
+        """This worker's `--simulate` profile, if any."""
+        return (self.config.get("simulate") or [None] * self.size)[self.rank]
+
+    def fit_data(self, request) -> dict:
+        """The `fit` arguments of this worker's share of the data (NFDT: an equal strided shard)."""
+        return shard_fit_data(request, self.rank, self.size)
+
+    def train(self, request, step: PushPull, data: dict, callbacks: list):
+        """Keras' `fit` over this worker's data, every step through the PS."""
+        reporter = self.make_reporter(request.samples_per_step, extra=step.metrics)
+        return request.run_plain(callbacks=[*callbacks, reporter], verbose=0, **data)
 
     def connect(self, step: PushPull, model, variables) -> list:
         """Route training through the PS; returns the callbacks that need. NFDT: every step's gradient

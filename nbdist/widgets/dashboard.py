@@ -18,9 +18,11 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..ashl.report import decisions
 from ..errors import NbdistError
 
 REFRESH_S = 0.5
+DECISIONS_SHOWN = 8
 MAX_POINTS = 2000  # per trace; past it a series keeps every other point (memory stays bounded)
 COLOURS = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880")
 PANELS = ("loss", "samples/s", "staleness", "staleness distribution", "gamma (ddc-asgd)", "compensation norm")
@@ -60,8 +62,10 @@ class Dashboard:
         self.bar = widgets.FloatProgress(min=0, max=1, layout=widgets.Layout(width="100%"))
         self.figure = go.FigureWidget(self._empty_figure())
         self.table = widgets.HTML()
+        self.decisions = widgets.HTML()  # ASHL's allocations, phase switch and compression changes, with reasons
         self.controls = self._controls()
-        self.box = widgets.VBox([self.header, self.bar, self.controls, self.ack, self.figure, self.table])
+        self.box = widgets.VBox([self.header, self.bar, self.controls, self.ack, self.decisions, self.figure,
+                                 self.table])
         (display or show)(self.box)
 
     # -- figure ------------------------------------------------------------------------------
@@ -129,7 +133,8 @@ class Dashboard:
         self.ack.value = (f"<b>{html.escape(action)}{'' if value is None else ' ' + html.escape(str(value))}</b> "
                           f"acknowledged by {len(acks)} shard(s) at {when}: paused {state.get('paused')}, "
                           f"lr x {state.get('lr_scale')}, max staleness {state.get('max_staleness')}, "
-                          f"evicted {state.get('evicted')}, PS version {state.get('version')}")
+                          f"evicted {state.get('evicted')}, synchronous {state.get('synchronous')}, "
+                          f"PS version {state.get('version')}")
         return acks
 
     # -- updates ---------------------------------------------------------------------------
@@ -190,6 +195,9 @@ class Dashboard:
                 trace.x, trace.y = series.x, series.y
         self.header.value = self._header(run, now)
         self.table.value = self._node_table(run, now)
+        lines = decisions(run)[-DECISIONS_SHOWN:]
+        self.decisions.value = ("<b>decisions</b><pre style='margin:0'>" + html.escape("\n".join(lines)) + "</pre>"
+                                if lines else "")
 
     def _header(self, run, now: float) -> str:
         latest = (run.progress.get(run.workers[0]) or {}) if run.workers else {}

@@ -1,0 +1,161 @@
+"""The kernel's half of ASHL: every decision, with its reason, from what the workers report.
+
+Called from the run's wait loop (`AshlStrategy.check`) with the PS's telemetry and the
+workers' latest progress. It allocates once every live worker has posted its profile,
+re-allocates when a worker's measured step time drifts from the allocation's prediction,
+and applies the AHL -> SHL switch rule every half epoch. Actions go to the shards as
+`allocate` / `switch_phase` controls; each decision is appended to `run.events`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+from .allocation import CostModel, allocate_with_periods, drifted, shard_fractions
+from .switch import Check, SwitchRule
+
+MIN_SHARE = 1 / 8  # no worker gets less than this part of an equal share of the global batch
+MIN_TIMED_STEPS = 8  # an epoch report with fewer measured steps says too little to re-allocate on
+
+
+class Coordinator:
+    """One run's ASHL decisions. `control(action, value)` reaches every shard."""
+
+    def __init__(self, workers: int, control):
+        self.workers, self.control = workers, control
+        self.models: list[CostModel] | None = None
+        self.batches: list[int] | None = None
+        self.periods: list[int] | None = None
+        self.allocation_id = 0
+        self.phase = "profile"
+        self.rule = SwitchRule()
+        self.next_check = 0.5  # epochs; the switch rule is consulted every half epoch
+        self.gammas: list[float] = []  # since the last check
+        self.reports_seen: dict[int, float] = {}  # worker -> time of the last epoch report acted on
+        self.drifting: set[int] = set()  # workers that drifted at the last report round
+        self.initial_lr: float | None = None
+        self.events_seen = 0
+
+    # -- inputs ----------------------------------------------------------------------------
+    def update(self, run, telemetry: dict, progress: dict[int, dict]) -> None:
+        """One look at the run: `telemetry` from the PS (`PsService.recent`), `progress` rank -> latest data."""
+        coordination = telemetry.get("coordination") or {}
+        self._copy_shard_events(run, telemetry.get("events") or [])
+        if telemetry.get("log_fields"):
+            column = telemetry["log_fields"].index("gamma")
+            self.gammas += [entry[column] for entry in telemetry["log"] if entry[column] is not None]
+        live = self._live(run)
+        profiles = {int(k): v for k, v in (coordination.get("profiles") or {}).items()}
+        if self.batches is None:
+            if live and all(rank in profiles for rank in live):
+                self._allocate_first(run, profiles)
+            return
+        self._reallocate_on_drift(run, {int(k): v for k, v in (coordination.get("reports") or {}).items()}, live)
+        if self.phase == "ahl":
+            self._consider_switch(run, progress, live)
+
+    def _live(self, run) -> list[int]:
+        gone = {e["rank"] for e in run.events_of("worker_died")} | {e["worker"] for e in run.events_of("worker_dropped")}
+        return [r for r in range(self.workers) if r not in gone]
+
+    def _copy_shard_events(self, run, events: list[dict]) -> None:
+        for event in events[self.events_seen:]:
+            if event["event"] in ("compression", "worker_dropped"):
+                run.events.append(dict(event))
+        self.events_seen = len(events)
+
+    # -- allocation ------------------------------------------------------------------------
+    def _allocate_first(self, run, profiles: dict[int, dict]) -> None:
+        self.models = [CostModel(p["fixed_s"], p["per_sample_s"], p["comm_s"]) for _, p in sorted(profiles.items())]
+        if len(self.models) != self.workers:  # a worker died before profiling: it keeps an equal guess
+            known = {r: CostModel(p["fixed_s"], p["per_sample_s"], p["comm_s"]) for r, p in profiles.items()}
+            slowest = max(known.values(), key=lambda m: m.per_sample_s)
+            self.models = [known.get(r, slowest) for r in range(self.workers)]
+        global_batch = sum(int(profiles.get(r, {}).get("b0") or 32) for r in range(self.workers))
+        self._solve(global_batch)
+        rows = [{"worker": r, "host": profiles.get(r, {}).get("host"), "per_sample_s": m.per_sample_s,
+                 "fixed_s": m.fixed_s, "comm_s": m.comm_s, "bandwidth_bps": profiles.get(r, {}).get("bandwidth_bps"),
+                 "batch": b, "shard": f, "period": k}
+                for r, (m, b, f, k) in enumerate(zip(self.models, self.batches, shard_fractions(self.batches),
+                                                     self.periods))]
+        self._send_allocation(run, "allocated", f"profiled {len(profiles)} worker(s); step times equalised at "
+                                                f"{self._predicted_step(0):.4f} s", profile=rows)
+        self.phase = "ahl"
+
+    def _solve(self, global_batch: int) -> None:
+        floor = max(1, math.floor(MIN_SHARE * global_batch / self.workers))
+        self.batches, self.periods = allocate_with_periods(self.models, global_batch, b_min=floor)
+
+    def _predicted_step(self, rank: int) -> float:
+        m = self.models[rank]
+        return m.fixed_s + m.per_sample_s * self.batches[rank] + m.comm_s / self.periods[rank]
+
+    def _send_allocation(self, run, event: str, reason: str, **extra) -> None:
+        self.allocation_id += 1
+        value = {"id": self.allocation_id, "batches": self.batches, "periods": self.periods,
+                 "fractions": [round(f, 6) for f in shard_fractions(self.batches)], "reason": reason}
+        self.control("allocate", value)
+        run.events.append({"t": time.time(), "event": event, "batches": list(self.batches),
+                           "periods": list(self.periods), "reason": reason, **extra})
+
+    def _reallocate_on_drift(self, run, reports: dict[int, dict], live: list[int]) -> None:
+        """Once every live worker has reported on the current allocation again: re-allocate when a worker's
+        step time left the prediction by > 15% relative to the others (a uniform slowdown, such as
+        workers sharing a host's cores, changes no batch), at two report rounds in a row."""
+        fresh = {r: rep for r, rep in reports.items()
+                 if r in live and rep.get("compute_s") and rep.get("timed_steps", 0) >= MIN_TIMED_STEPS
+                 and rep.get("t", 0) > self.reports_seen.get(r, 0) and rep.get("allocation") == self.allocation_id}
+        if set(fresh) != set(live):
+            return
+        self.reports_seen.update({r: rep["t"] for r, rep in fresh.items()})
+        ranks = sorted(fresh)
+        predicted = [self.models[r].fixed_s + self.models[r].per_sample_s * self.batches[r] for r in ranks]
+        ratios = [fresh[r]["compute_s"] / p for r, p in zip(ranks, predicted)]
+        common = statistics.median(ratios)
+        now = {ranks[i] for i in drifted([common * p for p in predicted], [fresh[r]["compute_s"] for r in ranks])}
+        confirmed, self.drifting = now & self.drifting, now
+        if not confirmed:
+            return
+        for r, ratio in zip(ranks, ratios):  # re-fit: everyone by the common factor, the drifted by their own
+            m, factor = self.models[r], ratio if r in confirmed else common
+            self.models[r] = CostModel(m.fixed_s * factor, m.per_sample_s * factor, fresh[r].get("exchange_s") or m.comm_s)
+        before = (self.batches, self.periods)
+        self._solve(sum(self.batches))
+        self.drifting = set()
+        why = ", ".join(f"worker {r} ran {ratios[ranks.index(r)] / common:.2f}x its predicted step time "
+                        "relative to the others" for r in sorted(confirmed))
+        if (self.batches, self.periods) != before:
+            self._send_allocation(run, "reallocated", f"drift > 15% at two epoch ends: {why}", previous=before[0])
+
+    # -- the phase switch ------------------------------------------------------------------
+    def _consider_switch(self, run, progress: dict[int, dict], live: list[int]) -> None:
+        seen = [progress[r] for r in live if progress.get(r, {}).get("record")]
+        if len(seen) < len(live):
+            return
+        epochs = seen[0].get("epochs") or 1
+        done = min(p["record"]["epoch"] + (p.get("batch") or 0) / max(p.get("steps") or 1, 1)
+                   if not p.get("epoch_end") else p["record"]["epoch"] + 1 for p in seen)
+        lrs = [p["record"].get("lr") for p in seen if p["record"].get("lr")]
+        if self.initial_lr is None and lrs:
+            self.initial_lr = max(lrs)
+        if done < self.next_check:
+            return
+        self.next_check = math.floor(done / 0.5) * 0.5 + 0.5
+        losses = [p["record"]["loss"] for p in seen if p["record"].get("loss") is not None]
+        check = Check(epoch=done, epochs=epochs, loss=sum(losses) / len(losses) if losses else float("nan"),
+                      gammas=self.gammas,
+                      lr_decayed=bool(lrs and self.initial_lr and min(lrs) < 0.999 * self.initial_lr))
+        self.gammas = []
+        reason = self.rule.check(check)
+        if reason:
+            self.switch(run, reason)
+
+    def switch(self, run, reason: str) -> list[dict]:
+        """AHL -> SHL now (the rule said so, or the dashboard's button); the shards' acknowledgements."""
+        acks = self.control("switch_phase", None)
+        if self.phase != "shl":
+            self.phase = "shl"
+            run.events.append({"t": time.time(), "event": "switch_phase", "to": "shl", "reason": reason})
+        return acks

@@ -1,0 +1,46 @@
+"""ASHL's decisions as text: the profile table and one line per decision."""
+
+from __future__ import annotations
+
+from ..report import table
+
+
+def profile_table(run) -> str:
+    """Per worker: seconds per sample, fixed overhead, exchange time and bandwidth, allocated batch, shard
+    and push period."""
+    allocated = run.events_of("allocated")
+    if not allocated:
+        return "ASHL: no allocation was made (the run ended before every worker had profiled)."
+    rows = [[r["worker"], r["host"] or "?", f"{r['per_sample_s'] * 1e6:.1f}", f"{r['fixed_s'] * 1e3:.2f}",
+             f"{r['comm_s'] * 1e3:.2f}", _bandwidth(r["bandwidth_bps"]), r["batch"], f"{r['shard']:.1%}",
+             r.get("period", 1)]
+            for r in allocated[0]["profile"]]
+    head = ["rank", "host", "us/sample", "fixed ms", "exchange ms", "bandwidth", "batch", "shard", "push every"]
+    return "ASHL profile and allocation:\n" + table(head, rows)
+
+
+def decisions(run) -> list[str]:
+    """One line per allocation, phase switch, compression change and lost worker, in order."""
+    lines = []
+    start = run.started_at or 0
+    for e in run.events:
+        at = f"{e['t'] - start:6.1f} s"
+        if e["event"] in ("allocated", "reallocated"):
+            lines.append(f"{at}  {e['event']} batches {e['batches']}, push every {e.get('periods')} steps: "
+                         f"{e['reason']}")
+        elif e["event"] == "switch_phase":
+            lines.append(f"{at}  switched to SHL (synchronous): {e['reason']}")
+        elif e["event"] == "compression":
+            lines.append(f"{at}  worker {e['worker']} compression {e['reason']}")
+        elif e["event"] in ("worker_died", "worker_dropped"):
+            lines.append(f"{at}  worker {e.get('rank', e.get('worker'))} lost ({e['event'].replace('_', ' ')})")
+    return lines
+
+
+def _bandwidth(bps) -> str:
+    if not bps:
+        return "?"
+    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:.1f} {unit}"
+    return f"{bps:.0f} bit/s"

@@ -1,0 +1,52 @@
+"""ASHL's meeting point on the parameter server (DESIGN.md section 6).
+
+Workers profile in turn (those sharing a host one after another, so they do not time each
+other), post their profiles and wait for the allocation the kernel computes from them;
+at every epoch's end they report their measured step times and read the allocation then
+in force. The shards only hold these messages: every decision is the kernel's
+(`nbdist.ashl.coordinator`), sent as `allocate` and `switch_phase` controls.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class Coordination:
+    """Profiles, epoch reports and the current allocation, as one shard holds them."""
+
+    def __init__(self, config: dict):
+        # worker -> the workers (on its host) that must post their profiles before it starts profiling
+        self.profile_after = {int(k): list(v) for k, v in config.get("profile_after", {}).items()}
+        self.profiles: dict[int, dict] = {}
+        self.reports: dict[int, dict] = {}
+        self.allocation: dict | None = None  # {"id", "batches", "fractions", "reason"}
+
+    def turn_ready(self, worker: int, live: list[int]) -> bool:
+        return all(w in self.profiles or w not in live for w in self.profile_after.get(worker, []))
+
+    def post_profile(self, worker: int, profile) -> None:
+        if not isinstance(profile, dict):
+            raise ValueError("a profile is a JSON object")
+        self.profiles[worker] = {**profile, "t": time.time()}
+
+    def post_report(self, worker: int, report) -> None:
+        if not isinstance(report, dict):
+            raise ValueError("an epoch report is a JSON object")
+        self.reports[worker] = {**report, "t": time.time()}
+
+    def allocate(self, value) -> None:
+        batches = value.get("batches") if isinstance(value, dict) else None
+        if not isinstance(batches, list) or not all(isinstance(b, int) and b > 0 for b in batches):
+            raise ValueError(f"an allocation needs positive whole batches, not {value!r}")
+        self.allocation = dict(value)
+
+    def batch_scale(self, batch: int | None) -> float:
+        """AHL: a push of `batch` samples counts batch / mean(b) (twice the samples move the model twice as far)."""
+        if self.allocation is None or not batch:
+            return 1.0
+        batches = self.allocation["batches"]
+        return batch * len(batches) / sum(batches)
+
+    def summary(self) -> dict:
+        return {"profiles": self.profiles, "reports": self.reports, "allocation": self.allocation}

@@ -1,0 +1,216 @@
+"""`ashl`: adaptive multi-stage training for heterogeneous clusters (DESIGN.md section 6).
+
+Each worker first profiles itself (compute at b0 and 2*b0, five push-sized round trips to
+the PS; workers sharing a host take turns) and posts the profile to the PS; the kernel
+allocates batches that equalise step time (`nbdist.ashl.allocation`) and every worker
+then trains on its share: per global batch of B samples, worker i takes its b_i. AHL runs
+the `ddc-asgd` rule with pushes scaled by b_i/mean(b); when the switch rule says so the
+shards turn synchronous (SHL: one batch-weighted mean per round, the cell's optimizer).
+At every epoch's end workers report their measured step times and take the allocation
+then in force; each worker compresses its pushes (fp16, top-k) when communication
+dominates its step. The decisions are the kernel's (`nbdist.ashl.coordinator`).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+
+from ..ashl.coordinator import Coordinator
+from ..ashl.profiling import profile_compute
+from ..ashl.report import decisions, profile_table
+from ..errors import OptionError
+from ..hetero import Profile
+from ..keras_bridge import is_dataset
+from ..ps.compression import PushCompressor
+from ..sharding import shard_arrays, split_validation
+from .asgd import DdcAsgdStrategy
+from .nfdt import NfdtWorker, PushPull
+
+PROBES = 5
+SHL_MAX_PERIOD = 4  # SHL rounds every max(periods) steps, at most this: a synchronous phase must still update
+
+
+class ProportionalBatches:
+    """The worker's batches: of each global batch of B = sum(b) samples, the b_rank after the others' share.
+
+    One permutation per epoch, the same on every worker (seeded by the epoch), so the
+    workers' batches of an epoch cover the data once between them whatever the allocation.
+    """
+
+    def __init__(self, x, y, rank: int, batches: list[int], seed: int):
+        import keras
+
+        class _Dataset(keras.utils.PyDataset):
+            def __len__(inner):
+                return self.steps
+
+            def __getitem__(inner, k):
+                return self.batch(k)
+
+            def on_epoch_end(inner):
+                self.new_epoch()
+
+        self.x, self.y, self.rank, self.seed = x, y, rank, seed
+        self.epoch = 0
+        self.order = np.arange(len(x))
+        self.set_batches(batches)
+        self.dataset = _Dataset()
+
+    def set_batches(self, batches: list[int]) -> None:
+        if len(self.x) < sum(batches):
+            raise OptionError(f"{len(self.x)} training samples are fewer than one global batch of {sum(batches)}; "
+                              "use a smaller batch_size or fewer workers.")
+        self.batches = list(batches)
+        self.steps = len(self.x) // sum(batches)
+
+    @property
+    def size(self) -> int:
+        return self.batches[self.rank]
+
+    def batch(self, k: int):
+        start = k * sum(self.batches) + sum(self.batches[:self.rank])
+        index = np.sort(self.order[start:start + self.size])
+        return self.x[index], self.y[index]
+
+    def new_epoch(self) -> None:
+        self.epoch += 1
+        self.order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.x))
+
+
+class AshlWorker(NfdtWorker):
+    """Profiles, waits for its allocation, trains its share through the PS, reports each epoch."""
+
+    def fit_data(self, request) -> dict:
+        if is_dataset(request.x):
+            raise OptionError("--strategy ashl re-batches the training data by each worker's speed and needs numpy "
+                              "arrays for x and y; a tf.data.Dataset cannot be re-batched. Pass arrays, or use "
+                              "--strategy ddc-asgd.")
+        if request.steps_per_epoch:
+            raise OptionError("--strategy ashl sets the steps of an epoch itself (samples / global batch); "
+                              "remove steps_per_epoch.")
+        x, y, validation = request.x, request.y, request.validation_data
+        if request.validation_split:
+            (x, y), validation = split_validation(x, y, request.validation_split)
+        if validation is not None and not is_dataset(validation):
+            validation = shard_arrays(validation[0], validation[1], self.rank, self.size)
+        return {"x": x, "y": y, "validation_data": validation, "validation_split": 0.0, "steps_per_epoch": None}
+
+    def train(self, request, step: PushPull, data: dict, callbacks: list):
+        x, y = np.asarray(data["x"]), np.asarray(data["y"])
+        b0 = request.samples_per_step
+        allocation = self._profile_and_wait(step, request.model, x, y, b0)
+        batches = ProportionalBatches(x, y, self.rank, allocation["batches"], seed=self.spec.get("seed") or 0)
+        _follow(step, batches, allocation, self.rank)
+        step.compressor = PushCompressor()
+        step.phase = "ahl"
+        reporter = self.make_reporter(lambda: batches.size, extra=step.metrics)
+        epochs = _epoch_reports(step, batches, allocation["id"])
+        return request.run_plain(x=batches.dataset, y=None, batch_size=None,
+                                 callbacks=[*callbacks, epochs, reporter], verbose=0,
+                                 **{k: v for k, v in data.items() if k not in ("x", "y")})
+
+    def _profile_and_wait(self, step: PushPull, model, x, y, b0: int) -> dict:
+        step.client.request("turn")  # workers on one host profile one after another
+        simulated = Profile(**self.simulated) if self.simulated else None
+        compute = profile_compute(model, x, y, b0, simulated)
+        probes = [step.probe() for _ in range(PROBES)]
+        comm_s = float(np.median([s for s, _ in probes]))
+        profile = {"fixed_s": compute.fixed_s, "per_sample_s": compute.per_sample_s, "comm_s": comm_s,
+                   "bandwidth_bps": 8 * probes[-1][1] / comm_s if comm_s > 0 else None, "b0": b0,
+                   "host": socket.gethostname()}
+        reply = step.client.request("profile", profile=profile)  # held until the kernel has allocated
+        step._exchange_ended = time.perf_counter()  # the waiting was not compute
+        return reply[0].header["allocation"]
+
+
+def _follow(step: PushPull, batches: ProportionalBatches, allocation: dict, rank: int) -> None:
+    """Train on the allocation: this worker's batch, steps per epoch and push period."""
+    periods = allocation.get("periods") or [1] * len(allocation["batches"])
+    step.batch_size, step.steps_per_epoch = batches.size, batches.steps
+    step.shl_period = min(max(periods), SHL_MAX_PERIOD)
+    step.period = step.shl_period if step.phase == "shl" else periods[rank]
+
+
+def _epoch_reports(step: PushPull, batches: ProportionalBatches, allocation_id: int):
+    """At every epoch's end: report this worker's step times, take the allocation now in force."""
+    import keras
+
+    class EpochReports(keras.callbacks.Callback):
+        current = allocation_id
+
+        def on_epoch_end(self, epoch, logs=None):
+            report = {"epoch": epoch, "compute_s": step.compute_s, "exchange_s": step.exchange_s,
+                      "timed_steps": step.timed_steps, "batch": batches.size, "allocation": self.current}
+            header = step.client.request("epoch", report=report)[0].header
+            allocation = header.get("allocation") or {}
+            if allocation.get("id", self.current) != self.current:
+                self.current = allocation["id"]
+                batches.set_batches(allocation["batches"])
+                _follow(step, batches, allocation, batches.rank)
+                step.reset_timing()  # measured afresh at the new batch size
+            step.phase = header.get("phase", step.phase)
+
+    return EpochReports()
+
+
+class AshlStrategy(DdcAsgdStrategy):
+    name = "ashl"
+    preset = "ddc-asgd"
+    summary = ("heterogeneous clusters: profile, batches sized to each worker's speed, async (ddc-asgd) then "
+               "sync phase, compression when communication dominates")
+    options = tuple(o for o in DdcAsgdStrategy.options if o != "max_staleness")
+    worker_class = AshlWorker
+    min_workers = 2
+
+    def __init__(self, options):
+        super().__init__(options)
+        self.coordinator: Coordinator | None = None
+        self._buffer: dict = {}
+
+    def prepare(self, run, cluster) -> dict:
+        self.run = run
+        self.coordinator = Coordinator(len(run.workers), super().control)
+        self._hosts = [cluster.info(eid).host for eid in run.workers]
+        return super().prepare(run, cluster)
+
+    def shard_settings(self, workers: int) -> dict:
+        hosts = getattr(self, "_hosts", [None] * workers)
+        after = {r: [q for q in range(r) if hosts[q] == hosts[r]] for r in range(workers)}
+        return {**super().shard_settings(workers), "max_staleness": None, "ashl": {"profile_after": after}}
+
+    def check(self, run) -> None:
+        super().check(run)
+        if self.coordinator is None or self.service is None:
+            return
+        fresh = super().telemetry()
+        if not fresh:
+            return
+        self._keep_for_dashboard(fresh)
+        progress = {run.workers.index(eid): data for eid, data in run.progress.items() if eid in run.workers}
+        self.coordinator.update(run, fresh, progress)
+
+    def _keep_for_dashboard(self, fresh: dict) -> None:
+        """`check` reads the PS's log first; the dashboard gets what it read, once."""
+        log = self._buffer.get("log", []) + fresh.get("log", [])
+        self._buffer = {**fresh, "log": log[-5000:]}
+
+    def telemetry(self) -> dict:
+        out, self._buffer = self._buffer, {}
+        return out
+
+    def control(self, action: str, value=None) -> list[dict]:
+        if action == "switch_phase" and self.coordinator is not None and self.service is not None:
+            return self.coordinator.switch(self.run, "asked for by hand (dashboard or Run.control)")
+        return super().control(action, value)
+
+    def finish(self, run) -> None:
+        if self.coordinator is not None and self.service is not None:
+            try:  # the last shard events (compression changes) before the shards stop
+                self.coordinator.update(run, super().telemetry(), {})
+            except Exception:  # noqa: BLE001 - the run's outcome matters more than a late event
+                pass
+        super().finish(run)
+        run.notes.append("\n".join([profile_table(run), *decisions(run)]))

@@ -1,0 +1,178 @@
+"""ASHL's moving parts without a cluster: the shard's coordination messages, compressed pushes, the
+kernel's coordinator, and the proportional batches (the real-cluster run is tests/test_ashl.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nbdist.ashl.coordinator import Coordinator
+from nbdist.ps import wire
+from nbdist.ps.compression import PushCompressor, decode_push
+from nbdist.ps.server import Shard
+from nbdist.run import Run
+from nbdist.strategies.ashl import ProportionalBatches
+from tests.test_ps_shard import SGD, W0, grads, message
+
+EXPECTED = {name: (w.shape, "float32") for name, w in W0.items()}
+
+
+def ashl_shard(workers=2, after=None) -> Shard:
+    shard = Shard({"workers": workers, "ashl": {"profile_after": after or {}},
+                   "rule": {"preset": "ddc-asgd", "workers": workers}})
+    shard.handle(b"w0", message("init", W0, worker=0, optimizer=SGD, trainable=list(W0), layout=list(W0)))
+    return shard
+
+
+def kinds(replies):
+    return [(ident, kind) for ident, kind, _, _ in replies]
+
+
+def test_workers_of_one_host_profile_in_turn_and_wait_for_the_allocation():
+    shard = ashl_shard(after={"1": [0]})
+    assert kinds(shard.handle(b"w1", message("turn", worker=1))) == []  # held: worker 0 profiles first
+    assert kinds(shard.handle(b"w0", message("turn", worker=0))) == [(b"w0", "ok")]
+    assert shard.handle(b"w0", message("profile", worker=0, profile={"fixed_s": 0.001})) == [
+        (b"w1", "ok", None, {})]  # worker 0's profile frees worker 1's turn; its own reply waits
+    shard.handle(b"w1", message("profile", worker=1, profile={"fixed_s": 0.002}))
+    replies = shard.handle(b"k", message("control", worker="controller", action="allocate",
+                                         value={"id": 1, "batches": [48, 16]}))
+    answered = {ident: fields for ident, kind, _, fields in replies if kind == "ok" and ident != b"k"}
+    assert set(answered) == {b"w0", b"w1"} and answered[b"w0"]["allocation"]["batches"] == [48, 16]
+    assert answered[b"w0"]["phase"] == "ahl"
+
+
+def test_ahl_scales_a_push_by_its_batch_share_and_shl_averages_by_batch():
+    shard = ashl_shard()
+    shard.handle(b"k", message("control", worker="controller", action="allocate", value={"id": 1, "batches": [48, 16]}))
+    before = shard.variables["dense/bias"].copy()
+    shard.handle(b"w1", message("pull", worker=1))
+    shard.handle(b"w1", message("push", grads(1.0), worker=1, version=0, step=1, batch=16))
+    moved = before - shard.variables["dense/bias"]
+    # ddc-asgd at tau = 0: plain SGD step of lr 0.5 on g * b_1/mean(b) = 16/32
+    assert moved == pytest.approx(np.full(3, 0.5 * 0.5))
+    shard.handle(b"k", message("control", worker="controller", action="switch_phase"))
+    assert shard.synchronous and shard.control_state()["synchronous"]
+    bias = shard.variables["dense/bias"].copy()
+    assert shard.handle(b"w0", message("push", grads(1.0), worker=0, version=1, step=1, batch=48)) == []  # a round
+    replies = shard.handle(b"w1", message("push", grads(5.0), worker=1, version=1, step=2, batch=16))
+    assert {fields["phase"] for _, _, _, fields in replies} == {"shl"}
+    mean = (48 * 1.0 + 16 * 5.0) / 64  # batch-weighted, unscaled, the cell's SGD
+    assert bias - shard.variables["dense/bias"] == pytest.approx(np.full(3, 0.5 * mean))
+
+
+def test_coordination_messages_are_refused_outside_ashl_and_allocations_checked():
+    plain = Shard({"workers": 1})
+    with pytest.raises(wire.Rejected, match="ashl"):
+        plain.handle(b"w0", message("turn", worker=0))
+    with pytest.raises(wire.Rejected, match="positive whole batches"):
+        ashl_shard().handle(b"k", message("control", worker="controller", action="allocate", value={"batches": [0]}))
+
+
+@pytest.mark.parametrize("mode", ["fp16", "topk"])
+def test_a_compressed_push_is_applied_as_the_dense_gradient_it_encodes(mode):
+    compressor = PushCompressor(density=0.5)
+    compressor.policy.mode = mode
+    g = {name: np.linspace(-1, 1, w.size, dtype=np.float32).reshape(w.shape) for name, w in W0.items()}
+    sent = compressor.encode(g)
+    dense = decode_push(sent, mode, EXPECTED)
+    if mode == "fp16":
+        assert all(np.abs(dense[n] - g[n]).max() <= 1e-3 for n in g)
+    else:
+        for name in g:  # what was not sent is exactly what top-k kept back
+            assert np.allclose(dense[name] + compressor.topk[name].residual, g[name])
+    shard = ashl_shard(workers=1)
+    shard.handle(b"w0", message("pull", worker=0))
+    before = shard.variables["dense/kernel"].copy()
+    shard.handle(b"w0", message("push", sent, worker=0, version=0, step=1, compression=mode, compression_reason="x"))
+    assert before - shard.variables["dense/kernel"] == pytest.approx(0.5 * dense["dense/kernel"], abs=1e-6)
+    assert shard.events[-1]["event"] == "compression" and shard.events[-1]["mode"] == mode
+
+
+def test_leaving_top_k_sends_what_it_held_back():
+    compressor = PushCompressor(density=0.2)
+    compressor.policy.mode = "topk"
+    g = {"v": np.arange(10, dtype=np.float32)}
+    first = decode_push(compressor.encode(g), "topk", {"v": ((10,), "float32")})
+    compressor.policy.mode = "none"
+    second = compressor.encode(g)
+    assert np.allclose(first["v"] + second["v"], 2 * g["v"]) and compressor.topk == {}
+
+
+@pytest.mark.parametrize("arrays, message_", [
+    ({"v|idx": np.array([10], np.int64), "v|val": np.array([1.0], np.float32)}, "outside"),
+    ({"v|idx": np.array([1], np.int32), "v|val": np.array([1.0], np.float32)}, "int64"),
+    ({"v": np.zeros(10, np.float32)}, "NAME|idx"),
+])
+def test_malformed_top_k_pushes_are_refused_by_what_is_wrong(arrays, message_):
+    with pytest.raises(ValueError, match=message_):
+        decode_push(arrays, "topk", {"v": ((10,), "float32")})
+
+
+def profiles(*per_sample):
+    return {str(i): {"fixed_s": 0.0, "per_sample_s": c, "comm_s": 0.0, "b0": 32, "host": "h"}
+            for i, c in enumerate(per_sample)}
+
+
+def coordinated(workers=2):
+    sent = []
+    run = Run(strategy="ashl", options={}, workers=list(range(workers)), cell="")
+    return Coordinator(workers, lambda action, value: sent.append((action, value)) or []), run, sent
+
+
+def test_the_coordinator_allocates_once_every_worker_has_profiled():
+    coordinator, run, sent = coordinated()
+    coordinator.update(run, {"coordination": {"profiles": profiles(0.001)}}, {})
+    assert sent == []
+    coordinator.update(run, {"coordination": {"profiles": profiles(0.001, 0.003)}}, {})
+    assert sent[0][0] == "allocate" and sent[0][1]["batches"] == [48, 16]
+    event = run.events_of("allocated")[0]
+    assert event["profile"][1]["batch"] == 16 and event["profile"][0]["shard"] == pytest.approx(0.75)
+
+
+def test_drift_relative_to_the_others_at_two_epoch_ends_reallocates():
+    coordinator, run, sent = coordinated()
+    coordinator.update(run, {"coordination": {"profiles": profiles(0.001, 0.003)}}, {})
+
+    def report(t, slow_factor):  # both workers 2x slower than profiled (a shared host), worker 1 more so
+        return {"coordination": {"profiles": profiles(0.001, 0.003), "reports": {
+            "0": {"t": t, "compute_s": 2 * 0.048, "timed_steps": 20, "allocation": 1},
+            "1": {"t": t, "compute_s": 2 * slow_factor * 0.048, "timed_steps": 20, "allocation": 1}}}}
+
+    coordinator.update(run, report(1, 1.0), {})
+    coordinator.update(run, report(2, 1.0), {})
+    assert len(sent) == 1  # a uniform slowdown changes nothing
+    coordinator.update(run, report(3, 2.0), {})
+    assert len(sent) == 1  # once is not yet drift
+    coordinator.update(run, report(4, 2.0), {})
+    assert sent[-1][0] == "allocate" and sent[-1][1]["batches"] == [64 - 9, 9]
+    assert "worker 1 ran 1.33x" in run.events_of("reallocated")[0]["reason"]  # vs the median of 2 and 4
+
+
+def test_the_switch_rule_is_consulted_every_half_epoch_from_the_workers_progress():
+    coordinator, run, sent = coordinated()
+    coordinator.update(run, {"coordination": {"profiles": profiles(0.001, 0.003)}}, {})
+
+    def progress(epoch, batch):
+        return {r: {"record": {"epoch": epoch, "loss": 1.0, "lr": 0.1}, "batch": batch, "steps": 10, "epochs": 4}
+                for r in range(2)}
+
+    for epoch, batch in ((0, 5), (1, 0), (1, 5), (2, 0), (2, 5)):  # loss flat from the first check
+        coordinator.update(run, {"log_fields": ["gamma"], "log": [[0.9]]}, progress(epoch, batch))
+    switch = run.events_of("switch_phase")
+    assert sent[-1][0] == "switch_phase" and len(switch) == 1
+    assert "loss improved 0.00% per epoch" in switch[0]["reason"] and coordinator.phase == "shl"
+
+
+def test_proportional_batches_cover_each_epoch_once_between_the_workers():
+    x, y = np.arange(100), np.arange(100)
+    sets = [ProportionalBatches(x, y, rank, [6, 3, 1], seed=7) for rank in range(3)]
+    for epoch in range(2):
+        seen = np.concatenate([s.batch(k)[0] for s in sets for k in range(sets[0].steps)])
+        assert sets[0].steps == 10 and len(seen) == 100 and len(set(seen.tolist())) == 100
+        assert [len(s.batch(0)[0]) for s in sets] == [6, 3, 1]
+        for s in sets:
+            s.new_epoch()
+    for s in sets:
+        s.set_batches([2, 4, 4])
+    assert [s.size for s in sets] == [2, 4, 4]
