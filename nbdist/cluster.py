@@ -118,6 +118,10 @@ class ClusterHandle:
     def info(self, eid: int) -> EngineInfo:
         return self._info.get(eid) or EngineInfo(eid)
 
+    def known_ids(self) -> list[int]:
+        """Engines alive or probed before, from what this client already holds (no round trip to the hub)."""
+        return sorted(set(self.client.ids if self.client else ()) | set(self._info))
+
     def refresh(self, ids: list[int] | None = None) -> None:
         """Probe idle engines not yet known (imports TensorFlow there, warming them up)."""
         busy = self.busy()

@@ -61,7 +61,7 @@ def _cluster(cluster, busy: set[int]) -> dict | None:
         return None
     alive = set(client.ids)  # a copy kept by ipyparallel's client: no round trip
     engines = []
-    for eid in sorted(alive | set(cluster._info)):
+    for eid in cluster.known_ids():
         info = cluster.info(eid)
         state = "dead" if not cluster.is_alive(eid, alive) else "busy" if eid in busy else "idle"
         engines.append({"id": eid, "host": info.host, "pid": info.pid, "cpus": info.cpus,

@@ -89,6 +89,7 @@ def test_sidebar_status_and_commands_in_a_real_jupyterlab(lab):
             page.wait_for_selector("text=| Idle")  # the kernel is up
             page.click(".jp-SideBar .lm-TabBar-tab[data-id='nbdist-sidebar']")
             page.wait_for_selector("#nbdist-sidebar >> text=nbdist is not loaded")
+            page.screenshot(path=str(SCREENSHOTS / "lab-sidebar-empty.png"))
 
             run_cell(page, 0, 1)  # %load_ext: the kernel's comm reaches the sidebar
             page.wait_for_selector("#nbdist-sidebar >> text=No cluster yet")
