@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.test_dashboard import eventually
 from tests.test_nfdt import idle_engines
 
 pytestmark = pytest.mark.cluster
@@ -27,10 +28,16 @@ history = model.fit(x, y, batch_size=64, epochs={epochs}, validation_data=(xt[:5
 
 
 @pytest.fixture(scope="module")
-def ashl_run(kernel, cluster):
-    """One 4-worker ASHL run under simulated speeds 1, 1, 0.5, 0.25; its events and push log."""
-    idle_engines(cluster, 4)
+def heavier(kernel):
     kernel.run("%%distribute define --name heavier\n" + HEAVIER, timeout=120).check()
+    return kernel
+
+
+@pytest.fixture(scope="module")
+def ashl_run(heavier, cluster):
+    """One 4-worker ASHL run under simulated speeds 1, 1, 0.5, 0.25; its events and push log."""
+    kernel = heavier
+    idle_engines(cluster, 4)
     speeds = ",".join(map(str, SPEEDS))
     reply = kernel.run(f'%%distribute --strategy ashl --workers 4 --seed 3 --simulate "speed={speeds}"\n'
                        + CELL.format(epochs=6), timeout=400)
@@ -64,3 +71,22 @@ def test_ahl_then_shl_with_the_reason_and_the_model_learns(ashl_run):
     assert after and set(after) == {0}  # SHL: synchronous rounds
     losses = ashl_run["history"]["loss"]
     assert losses[-1] < losses[0] and ashl_run["history"]["val_accuracy"][-1] > 0.5, ashl_run["history"]
+
+
+def test_the_dashboard_switches_phase_by_hand(heavier, cluster):
+    kernel = heavier
+    idle_engines(cluster, 2)
+    kernel.run("%%distribute --strategy ashl --workers 2 --background --progress dashboard\n" + CELL.format(epochs=200),
+               timeout=120).check()
+    kernel.run("run = nbdist.last_run; d = run.display").check()
+    assert kernel.value("d.switch_button.disabled") is False
+    eventually(kernel, "run.events_of('allocated')")
+    kernel.run("d.switch_button.click()").check()
+    assert "synchronous True" in kernel.value("d.ack.value")
+    eventually(kernel, "'switched to SHL' in d.decisions.value")
+    kernel.run("d.stop_button.click()").check()
+    kernel.run("%dist wait", timeout=120).check()
+    result = kernel.value("{'events': [(e['event'], e.get('reason')) for e in run.events], 'status': run.status, "
+                          "'epochs': len(history.history['loss'])}")
+    assert ("switch_phase", "asked for by hand (dashboard or Run.control)") in result["events"]
+    assert result["status"] == "done" and result["epochs"] < 200

@@ -61,6 +61,16 @@ def test_ahl_scales_a_push_by_its_batch_share_and_shl_averages_by_batch():
     assert bias - shard.variables["dense/bias"] == pytest.approx(np.full(3, 0.5 * mean))
 
 
+def test_a_synchronous_round_completes_when_the_other_worker_ends_its_fit():
+    shard = ashl_shard()
+    shard.handle(b"k", message("control", worker="controller", action="switch_phase"))
+    for w in (0, 1):
+        shard.handle(f"w{w}".encode(), message("pull", worker=w))
+    assert shard.handle(b"w1", message("push", grads(1.0), worker=1, version=0, step=1, batch=16)) == []
+    replies = shard.handle(b"w0", message("done", worker=0))  # worker 0 had no more steps to push
+    assert (b"w1", "weights") in kinds(replies)
+
+
 def test_coordination_messages_are_refused_outside_ashl_and_allocations_checked():
     plain = Shard({"workers": 1})
     with pytest.raises(wire.Rejected, match="ashl"):

@@ -140,7 +140,7 @@ class Shard:
             self.workers[worker].done = False
         if kind in HELD_KINDS:
             self.waiting.append((ident, message))
-            return self.release()
+            return [*self._complete_round(), *self.release()]  # a worker done with its fit leaves the round
         if kind == "state":
             return [(ident, "state", self._state_arrays(), self._summary())]
         if kind == "stats":
