@@ -302,9 +302,7 @@ def compare(argv: list[str] | None = None) -> list[dict]:
     summary = summarise(results, args.target_accuracy)
     table = markdown(summary, command, args)
     results_line = result_lines(summary) if args.target_accuracy else []
-    if results_line:
-        table += "\n" + "\n".join(results_line) + "\n"
-    (out / "results.md").write_text(table)
+    (out / "results.md").write_text(table + "".join(f"\n{line}" for line in results_line) + "\n")
     (out / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
     write_html(results, out / "curves.html")
     print()

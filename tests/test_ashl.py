@@ -88,5 +88,5 @@ def test_the_dashboard_switches_phase_by_hand(heavier, cluster):
     kernel.run("%dist wait", timeout=120).check()
     result = kernel.value("{'events': [(e['event'], e.get('reason')) for e in run.events], 'status': run.status, "
                           "'epochs': len(history.history['loss'])}")
-    assert ("switch_phase", "asked for by hand (dashboard or Run.control)") in result["events"]
+    assert ["switch_phase", "asked for by hand (dashboard or Run.control)"] in result["events"]
     assert result["status"] == "done" and result["epochs"] < 200

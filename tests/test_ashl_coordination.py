@@ -17,8 +17,8 @@ from tests.test_ps_shard import SGD, W0, grads, message
 EXPECTED = {name: (w.shape, "float32") for name, w in W0.items()}
 
 
-def ashl_shard(workers=2, after=None) -> Shard:
-    shard = Shard({"workers": workers, "ashl": {"profile_after": after or {}},
+def ashl_shard(workers=2, groups=None) -> Shard:
+    shard = Shard({"workers": workers, "ashl": {"profile_groups": groups or []},
                    "rule": {"preset": "ddc-asgd", "workers": workers}})
     shard.handle(b"w0", message("init", W0, worker=0, optimizer=SGD, trainable=list(W0), layout=list(W0)))
     return shard
@@ -29,9 +29,9 @@ def kinds(replies):
 
 
 def test_workers_of_one_host_profile_in_turn_and_wait_for_the_allocation():
-    shard = ashl_shard(after={"1": [0]})
-    assert kinds(shard.handle(b"w1", message("turn", worker=1))) == []  # held: worker 0 profiles first
-    assert kinds(shard.handle(b"w0", message("turn", worker=0))) == [(b"w0", "ok")]
+    shard = ashl_shard(groups=[[0, 1]])
+    assert kinds(shard.handle(b"w0", message("turn", worker=0))) == []  # held: worker 1 is still tracing
+    assert kinds(shard.handle(b"w1", message("turn", worker=1))) == [(b"w0", "ok")]  # worker 0 profiles first
     assert shard.handle(b"w0", message("profile", worker=0, profile={"fixed_s": 0.001})) == [
         (b"w1", "ok", None, {})]  # worker 0's profile frees worker 1's turn; its own reply waits
     shard.handle(b"w1", message("profile", worker=1, profile={"fixed_s": 0.002}))
@@ -69,6 +69,23 @@ def test_a_synchronous_round_completes_when_the_other_worker_ends_its_fit():
     assert shard.handle(b"w1", message("push", grads(1.0), worker=1, version=0, step=1, batch=16)) == []
     replies = shard.handle(b"w0", message("done", worker=0))  # worker 0 had no more steps to push
     assert (b"w1", "weights") in kinds(replies)
+
+
+def test_shl_rounds_wait_only_for_the_workers_that_push_every_step():
+    shard = ashl_shard()
+    shard.handle(b"k", message("control", worker="controller", action="allocate",
+                               value={"id": 1, "batches": [48, 16], "periods": [1, 3]}))
+    shard.handle(b"k", message("control", worker="controller", action="switch_phase"))
+    for w in (0, 1):
+        shard.handle(f"w{w}".encode(), message("pull", worker=w))
+    bias = shard.variables["dense/bias"].copy()
+    replies = shard.handle(b"w0", message("push", grads(1.0), worker=0, version=0, step=1, batch=48))
+    assert kinds(replies) == [(b"w0", "weights")]  # worker 1 pushes every 3 steps: not waited for
+    assert shard.handle(b"w1", message("push", grads(4.0), worker=1, version=1, step=3, batch=48)) == []
+    replies = shard.handle(b"w0", message("push", grads(1.0), worker=0, version=1, step=2, batch=48))
+    assert sorted(kinds(replies)) == [(b"w0", "weights"), (b"w1", "weights")]  # one round, both pushes
+    expected = 0.5 * 1.0 + 0.5 * (0.5 * 1.0 + 0.5 * 4.0)  # lr 0.5: round 1 alone, round 2 weighted 48:48
+    assert bias - shard.variables["dense/bias"] == pytest.approx(np.full(3, expected))
 
 
 def test_coordination_messages_are_refused_outside_ashl_and_allocations_checked():

@@ -18,8 +18,11 @@ STEPS = 20
 
 
 def profile_compute(model, x, y, b0: int, simulated: SimulatedProfile | None = None, steps: int = STEPS,
-                    comm_s: float = 0.0) -> CostModel:
-    """Fit this worker's step-time line from `steps` timed gradient computations at b0 and at 2*b0."""
+                    comm_s: float = 0.0, before_timing=None) -> CostModel:
+    """Fit this worker's step-time line from `steps` timed gradient computations at b0 and at 2*b0.
+
+    `before_timing()` is called once the computation is traced, just before the timed steps
+    (ASHL waits there for its turn among the workers of its host)."""
     import tensorflow as tf
 
     @tf.function
@@ -33,6 +36,8 @@ def profile_compute(model, x, y, b0: int, simulated: SimulatedProfile | None = N
     inputs = [(tf.constant(x[:b]), tf.constant(y[:b])) for b in sizes]
     for xb, yb in inputs:  # the first call of each shape traces: not timed
         _wait(gradients(xb, yb))
+    if before_timing is not None:
+        before_timing()
     times: list[list[float]] = [[], []]
     for _ in range(steps):  # the two sizes alternate, so a burst of load on the host slows both alike
         for i, (xb, yb) in enumerate(inputs):

@@ -1,7 +1,7 @@
 """ASHL's meeting point on the parameter server (DESIGN.md section 6).
 
-Workers profile in turn (those sharing a host one after another, so they do not time each
-other), post their profiles and wait for the allocation the kernel computes from them;
+Workers profile in turn (those sharing a host one after another, once all of them have
+traced their model, so they do not time each other), post their profiles and wait for the allocation the kernel computes from them;
 at every epoch's end they report their measured step times and read the allocation then
 in force. The shards only hold these messages: every decision is the kernel's
 (`nbdist.ashl.coordinator`), sent as `allocate` and `switch_phase` controls.
@@ -16,14 +16,22 @@ class Coordination:
     """Profiles, epoch reports and the current allocation, as one shard holds them."""
 
     def __init__(self, config: dict):
-        # worker -> the workers (on its host) that must post their profiles before it starts profiling
-        self.profile_after = {int(k): list(v) for k, v in config.get("profile_after", {}).items()}
+        # the workers of each host, in the order they time their steps
+        self.group_of = {w: [int(v) for v in group] for group in config.get("profile_groups", []) for w in group}
+        self.ready: set[int] = set()  # asked for their turn: their tracing is over
         self.profiles: dict[int, dict] = {}
         self.reports: dict[int, dict] = {}
         self.allocation: dict | None = None  # {"id", "batches", "fractions", "reason"}
 
+    def ask_turn(self, worker: int) -> None:
+        self.ready.add(worker)
+
     def turn_ready(self, worker: int, live: list[int]) -> bool:
-        return all(w in self.profiles or w not in live for w in self.profile_after.get(worker, []))
+        """Every worker of its host has traced, and those before it have posted their profiles."""
+        group = self.group_of.get(worker, [worker])
+        before = group[:group.index(worker)]
+        return all(w in self.ready or w not in live for w in group) and \
+            all(w in self.profiles or w not in live for w in before)
 
     def post_profile(self, worker: int, profile) -> None:
         if not isinstance(profile, dict):

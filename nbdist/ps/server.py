@@ -172,7 +172,9 @@ class Shard:
         if self.coordination is None:
             raise wire.Rejected("malformed", f"{message.kind} is for --strategy ashl; this run is not one")
         try:
-            if message.kind == "profile":
+            if message.kind == "turn":
+                self.coordination.ask_turn(worker)
+            elif message.kind == "profile":
                 self.coordination.post_profile(worker, message.header.get("profile"))
             elif message.kind == "epoch":
                 self.coordination.post_report(worker, message.header.get("report"))
@@ -319,6 +321,8 @@ class Shard:
             others = [self.workers[k].pushed for k in self.live() if k != worker]
             if others and state.pushed + 1 - min(others) > max(bound, 1):
                 return None
+        if self.synchronous and worker in self.round:
+            return None  # a worker that pushes more often than the round's pace waits for the next round
         state.pushed += 1
         if self.synchronous:
             self.round[worker] = (ident, message.header.get("step"), message.arrays, message.header.get("batch") or 1)
@@ -349,8 +353,12 @@ class Shard:
         return info
 
     def _complete_round(self) -> list:
-        """ssgd: once every live worker has pushed, apply their batch-weighted mean once and answer all."""
-        if not self.round or any(k not in self.round for k in self.live()):
+        """ssgd: once every live worker has pushed, apply their batch-weighted mean once and answer all.
+
+        ASHL's SHL: the round waits for the workers that push every step; one that pushes every
+        k steps (a slow link) joins whichever round its push reaches, weighted by its samples.
+        """
+        if not self.round or any(k not in self.round for k in self._pacers()):
             return []
         entries, self.round = self.round, {}
         total = sum(batch for _, _, _, batch in entries.values())
@@ -365,6 +373,15 @@ class Shard:
                 replies.append((ident, "weights", self._weights_for(worker),
                                 {"version": self.version, "staleness": 0, "stop": self.finishing, **self._phase()}))
         return replies
+
+    def _pacers(self) -> list[int]:
+        """The live workers a synchronous round waits for: those with the shortest push period."""
+        live = self.live()
+        periods = (self.coordination.allocation or {}).get("periods") if self.coordination is not None else None
+        if not periods or not live:
+            return live
+        shortest = min(periods[k] for k in live)
+        return [k for k in live if periods[k] == shortest]
 
     def sent(self, shared) -> None:
         """Large arrays go out zero-copy: remember, per (array, tracker), what ZeroMQ may still be reading."""

@@ -30,7 +30,6 @@ from .asgd import DdcAsgdStrategy
 from .nfdt import NfdtWorker, PushPull
 
 PROBES = 5
-SHL_MAX_PERIOD = 4  # SHL rounds every max(periods) steps, at most this: a synchronous phase must still update
 
 
 class ProportionalBatches:
@@ -113,9 +112,9 @@ class AshlWorker(NfdtWorker):
                                  **{k: v for k, v in data.items() if k not in ("x", "y")})
 
     def _profile_and_wait(self, step: PushPull, model, x, y, b0: int) -> dict:
-        step.client.request("turn")  # workers on one host profile one after another
         simulated = Profile(**self.simulated) if self.simulated else None
-        compute = profile_compute(model, x, y, b0, simulated)
+        # workers on one host time their steps one after another (tracing, before, needs no turn)
+        compute = profile_compute(model, x, y, b0, simulated, before_timing=lambda: step.client.request("turn"))
         probes = [step.probe() for _ in range(PROBES)]
         comm_s = float(np.median([s for s, _ in probes]))
         profile = {"fixed_s": compute.fixed_s, "per_sample_s": compute.per_sample_s, "comm_s": comm_s,
@@ -130,8 +129,7 @@ def _follow(step: PushPull, batches: ProportionalBatches, allocation: dict, rank
     """Train on the allocation: this worker's batch, steps per epoch and push period."""
     periods = allocation.get("periods") or [1] * len(allocation["batches"])
     step.batch_size, step.steps_per_epoch = batches.size, batches.steps
-    step.shl_period = min(max(periods), SHL_MAX_PERIOD)
-    step.period = step.shl_period if step.phase == "shl" else periods[rank]
+    step.period = periods[rank]
 
 
 def _epoch_reports(step: PushPull, batches: ProportionalBatches, allocation_id: int):
@@ -178,8 +176,8 @@ class AshlStrategy(DdcAsgdStrategy):
 
     def shard_settings(self, workers: int) -> dict:
         hosts = getattr(self, "_hosts", [None] * workers)
-        after = {r: [q for q in range(r) if hosts[q] == hosts[r]] for r in range(workers)}
-        return {**super().shard_settings(workers), "max_staleness": None, "ashl": {"profile_after": after}}
+        groups = [[r for r in range(workers) if hosts[r] == host] for host in dict.fromkeys(hosts)]
+        return {**super().shard_settings(workers), "max_staleness": None, "ashl": {"profile_groups": groups}}
 
     def check(self, run) -> None:
         super().check(run)

@@ -55,7 +55,6 @@ class PushPull:
         self.accumulated = 0
         self._sum: dict[str, np.ndarray] = {}
         self._pushed_batches = 1
-        self.shl_period: int | None = None  # ASHL: every worker's period once the phase is synchronous
         self._reviewed_at = 0
         self.current: list[np.ndarray] = []  # the weights last received
         self.steps_per_epoch = 0
@@ -127,8 +126,6 @@ class PushPull:
         gammas = [r.header["gamma"] for r in replies if r.header.get("gamma") is not None]
         self.gamma = min(gammas) if gammas else None
         self.phase = replies[0].header.get("phase", self.phase)
-        if self.phase == "shl" and self.shl_period:  # a synchronous round: everyone pushes at the same pace
-            self.period = self.shl_period
         return self._weights(replies)
 
     def _observe_compute(self, seconds: float) -> None:
