@@ -88,6 +88,19 @@ def test_shl_rounds_wait_only_for_the_workers_that_push_every_step():
     assert bias - shard.variables["dense/bias"] == pytest.approx(np.full(3, expected))
 
 
+def test_when_the_every_step_workers_are_done_the_lagging_one_is_told_to_stop():
+    shard = ashl_shard()
+    shard.handle(b"k", message("control", worker="controller", action="allocate",
+                               value={"id": 1, "batches": [48, 16], "periods": [1, 4]}))
+    for w in (0, 1):
+        shard.handle(f"w{w}".encode(), message("pull", worker=w))
+    shard.handle(b"w0", message("done", worker=0))
+    replies = shard.handle(b"w1", message("push", grads(1.0), worker=1, version=0, step=4, batch=64))
+    assert replies[0][3]["stop"] and shard.events[-1]["event"] == "end_laggards"
+    shard.handle(b"w0", message("pull", worker=0))  # the cell's next fit starts afresh
+    assert not shard.finishing
+
+
 def test_coordination_messages_are_refused_outside_ashl_and_allocations_checked():
     plain = Shard({"workers": 1})
     with pytest.raises(wire.Rejected, match="ashl"):

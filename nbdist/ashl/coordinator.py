@@ -62,7 +62,7 @@ class Coordinator:
 
     def _copy_shard_events(self, run, events: list[dict]) -> None:
         for event in events[self.events_seen:]:
-            if event["event"] in ("compression", "worker_dropped"):
+            if event["event"] in ("compression", "end_laggards", "worker_dropped"):
                 run.events.append(dict(event))
         self.events_seen = len(events)
 

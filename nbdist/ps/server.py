@@ -136,8 +136,11 @@ class Shard:
             return [(ident, "ok", None, self._coordination_reply())]
         if kind == "done":
             self.workers[worker].done = True
+            self._end_laggards()
         if kind == "pull":  # the start of a (next) fit call
             self.workers[worker].done = False
+            if self.finishing == "laggards":
+                self.finishing = False
         if kind in HELD_KINDS:
             self.waiting.append((ident, message))
             return [*self._complete_round(), *self.release()]  # a worker done with its fit leaves the round
@@ -373,6 +376,23 @@ class Shard:
                 replies.append((ident, "weights", self._weights_for(worker),
                                 {"version": self.version, "staleness": 0, "stop": self.finishing, **self._phase()}))
         return replies
+
+    def _end_laggards(self) -> None:
+        """ASHL: once the workers that push every step have ended their fit, the others end theirs after
+        the batch in hand. What remains of their shards is small, and pushes they made alone, many
+        steps stale, would move the model the others finished."""
+        if self.coordination is None or not self.coordination.allocation or self.finishing:
+            return
+        present = [k for k, w in self.workers.items() if w.alive and not w.evicted]
+        periods = self.coordination.allocation.get("periods") or [1] * len(self.workers)
+        shortest = min((periods[k] for k in present), default=1)
+        setters = [k for k in present if periods[k] == shortest]
+        lagging = [k for k in present if not self.workers[k].done]
+        if lagging and all(self.workers[k].done for k in setters):
+            self.finishing = "laggards"
+            self.events.append({"t": time.time(), "event": "end_laggards", "workers": lagging,
+                                "reason": f"workers {setters} finished their epochs; {lagging} stop after "
+                                          "their current batch"})
 
     def _pacers(self) -> list[int]:
         """The live workers a synchronous round waits for: those with the shortest push period."""
