@@ -135,8 +135,8 @@ class Coordinator:
         if len(seen) < len(live):
             return
         epochs = seen[0].get("epochs") or 1
-        done = min(p["record"]["epoch"] + (p.get("batch") or 0) / max(p.get("steps") or 1, 1)
-                   if not p.get("epoch_end") else p["record"]["epoch"] + 1 for p in seen)
+        shortest = min(self.periods[r] for r in live)
+        done = min(_epochs_done(progress[r]) for r in live if self.periods[r] == shortest)  # the run's pace
         lrs = [p["record"].get("lr") for p in seen if p["record"].get("lr")]
         if self.initial_lr is None and lrs:
             self.initial_lr = max(lrs)
@@ -159,3 +159,9 @@ class Coordinator:
             self.phase = "shl"
             run.events.append({"t": time.time(), "event": "switch_phase", "to": "shl", "reason": reason})
         return acks
+
+
+def _epochs_done(latest: dict) -> float:
+    """Fractional epochs a worker has done, from its latest progress report."""
+    epoch = latest["record"]["epoch"]
+    return epoch + 1 if latest.get("epoch_end") else epoch + (latest.get("batch") or 0) / max(latest.get("steps") or 1, 1)
