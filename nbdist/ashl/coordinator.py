@@ -104,6 +104,7 @@ class Coordinator:
         """Once every live worker has reported on the current allocation again: re-allocate when a worker's
         step time left the prediction by > 15% relative to the others (a uniform slowdown, such as
         workers sharing a host's cores, changes no batch), at two report rounds in a row."""
+        # (reports arrive about once a second from each worker; see strategies/ashl.Reports)
         fresh = {r: rep for r, rep in reports.items()
                  if r in live and rep.get("compute_s") and rep.get("timed_steps", 0) >= MIN_TIMED_STEPS
                  and rep.get("t", 0) > self.reports_seen.get(r, 0) and rep.get("allocation") == self.allocation_id}
@@ -127,7 +128,7 @@ class Coordinator:
         why = ", ".join(f"worker {r} ran {ratios[ranks.index(r)] / common:.2f}x its predicted step time "
                         "relative to the others" for r in sorted(confirmed))
         if (self.batches, self.periods) != before:
-            self._send_allocation(run, "reallocated", f"drift > 15% at two epoch ends: {why}", previous=before[0])
+            self._send_allocation(run, "reallocated", f"drift > 15% at two report rounds: {why}", previous=before[0])
 
     # -- the phase switch ------------------------------------------------------------------
     def _consider_switch(self, run, progress: dict[int, dict], live: list[int]) -> None:

@@ -12,6 +12,7 @@ import numpy as np
 ON_ABOVE = 0.30  # comm / (comm + compute) above which a worker compresses
 OFF_BELOW = 0.15  # ... and below which it stops (hysteresis)
 HEAVY_ABOVE = 0.60  # above this, fp16 is not enough: top-k
+HEAVY_BELOW = 0.45  # ... until the share falls below this (hysteresis between fp16 and top-k too)
 FIRST_EPOCHS = 2  # never compress before this many epochs are done
 MIN_DENSITY = 0.001
 
@@ -66,7 +67,8 @@ class CompressionPolicy:
             self.mode = "none"
             return self.mode, f"epoch {epoch:.1f} < {FIRST_EPOCHS}: never compress this early"
         if self.mode == "none" and share > ON_ABOVE or self.mode != "none" and share >= OFF_BELOW:
-            self.mode = "topk" if share > HEAVY_ABOVE else "fp16"
+            heavy = share > HEAVY_ABOVE or self.mode == "topk" and share >= HEAVY_BELOW
+            self.mode = "topk" if heavy else "fp16"
             return self.mode, f"communication is {share:.0%} of step time"
         self.mode = "none"
         return self.mode, f"communication is {share:.0%} of step time (< {ON_ABOVE:.0%} to start, " \

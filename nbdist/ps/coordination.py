@@ -2,7 +2,7 @@
 
 Workers profile in turn (those sharing a host one after another, once all of them have
 traced their model, so they do not time each other), post their profiles and wait for the allocation the kernel computes from them;
-at every epoch's end they report their measured step times and read the allocation then
+about once a second they report their measured step times and read the allocation then
 in force. The shards only hold these messages: every decision is the kernel's
 (`nbdist.ashl.coordinator`), sent as `allocate` and `switch_phase` controls.
 """
@@ -40,7 +40,7 @@ class Coordination:
 
     def post_report(self, worker: int, report) -> None:
         if not isinstance(report, dict):
-            raise ValueError("an epoch report is a JSON object")
+            raise ValueError("a report is a JSON object")
         self.reports[worker] = {**report, "t": time.time()}
 
     def allocate(self, value) -> None:

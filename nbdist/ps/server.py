@@ -75,6 +75,7 @@ class Shard:
         self.waiting: list[tuple[bytes, wire.Message]] = []  # held pulls, pushes and dones, in arrival order
         self.held_replies: list[tuple[bytes, int, int]] = []  # (ident, worker, pushed) under s = 0
         self.round: dict[int, tuple] = {}  # ssgd: worker -> (ident, step, gradients, batch) of this round
+        self.round_arrived: dict[int, float] = {}  # ... and when each push arrived (its wait is not communication)
         self.stopping = False
         self.paused = False  # control: hold every pull and push, so the version stands still
         self.finishing = False  # control: graceful stop, every push reply tells its worker to end its fit
@@ -130,9 +131,9 @@ class Shard:
                 raise wire.Rejected("malformed", "push without the version its gradient was computed on")
         if kind == "probe":  # a timed round trip of a push's size (ASHL profiling): nothing is applied
             return [(ident, "weights", dict(self.variables), {"version": self.version})]
-        if kind in ("turn", "profile", "epoch"):
+        if kind in ("turn", "profile", "report"):
             self._coordinate(worker, message)
-        if kind == "epoch":
+        if kind == "report":
             return [(ident, "ok", None, self._coordination_reply())]
         if kind == "done":
             self.workers[worker].done = True
@@ -179,7 +180,7 @@ class Shard:
                 self.coordination.ask_turn(worker)
             elif message.kind == "profile":
                 self.coordination.post_profile(worker, message.header.get("profile"))
-            elif message.kind == "epoch":
+            elif message.kind == "report":
                 self.coordination.post_report(worker, message.header.get("report"))
         except ValueError as exc:
             raise wire.Rejected("malformed", str(exc)) from None
@@ -329,6 +330,7 @@ class Shard:
         state.pushed += 1
         if self.synchronous:
             self.round[worker] = (ident, message.header.get("step"), message.arrays, message.header.get("batch") or 1)
+            self.round_arrived[worker] = time.time()
             return self._complete_round()
         staleness = self.version - message.header["version"]
         grads = message.arrays
@@ -368,13 +370,15 @@ class Shard:
         mean = {name: sum(grads[name].astype(np.float64) * (batch / total) for _, _, grads, batch in entries.values())
                 .astype(self.variables[name].dtype) for name in self.variables}
         info = self._update(mean, -1, 0)
-        replies = []
+        replies, now = [], time.time()
         for worker, (ident, step, _, _) in entries.items():
             self._log(worker, step, 0, info)
             self.counts["acked"] += 1
+            held_s = round(now - self.round_arrived.pop(worker, now), 6)
             if self.workers[worker].alive:
                 replies.append((ident, "weights", self._weights_for(worker),
-                                {"version": self.version, "staleness": 0, "stop": self.finishing, **self._phase()}))
+                                {"version": self.version, "staleness": 0, "stop": self.finishing, "held_s": held_s,
+                                 **self._phase()}))
         return replies
 
     def _end_laggards(self) -> None:

@@ -6,7 +6,7 @@ allocates batches that equalise step time (`nbdist.ashl.allocation`) and every w
 then trains on its share: per global batch of B samples, worker i takes its b_i. AHL runs
 the `ddc-asgd` rule with pushes scaled by b_i/mean(b); when the switch rule says so the
 shards turn synchronous (SHL: one batch-weighted mean per round, the cell's optimizer).
-At every epoch's end workers report their measured step times and take the allocation
+About once a second workers report their measured step times and take the allocation
 then in force; each worker compresses its pushes (fp16, top-k) when communication
 dominates its step. The decisions are the kernel's (`nbdist.ashl.coordinator`).
 """
@@ -30,6 +30,7 @@ from .asgd import DdcAsgdStrategy
 from .nfdt import NfdtWorker, PushPull
 
 PROBES = 5
+REPORT_EVERY_S = 1.0
 
 
 class ProportionalBatches:
@@ -70,8 +71,9 @@ class ProportionalBatches:
         return self.batches[self.rank]
 
     def batch(self, k: int):
-        start = k * sum(self.batches) + sum(self.batches[:self.rank])
-        index = np.sort(self.order[start:start + self.size])
+        sizes, order = self.batches, self.order  # one read of each: another thread may replace them
+        start = k * sum(sizes) + sum(sizes[:self.rank])
+        index = np.sort(order[start:start + sizes[self.rank]])
         return self.x[index], self.y[index]
 
     def new_epoch(self) -> None:
@@ -80,7 +82,7 @@ class ProportionalBatches:
 
 
 class AshlWorker(NfdtWorker):
-    """Profiles, waits for its allocation, trains its share through the PS, reports each epoch."""
+    """Profiles, waits for its allocation, trains its share through the PS, reports its step times."""
 
     def fit_data(self, request) -> dict:
         if is_dataset(request.x):
@@ -105,10 +107,10 @@ class AshlWorker(NfdtWorker):
         _follow(step, batches, allocation, self.rank)
         step.compressor = PushCompressor()
         step.phase = "ahl"
+        step.after_exchange = Reports(step, batches, allocation)
         reporter = self.make_reporter(lambda: batches.size, extra=step.metrics)
-        epochs = _epoch_reports(step, batches, allocation["id"])
         return request.run_plain(x=batches.dataset, y=None, batch_size=None,
-                                 callbacks=[*callbacks, epochs, reporter], verbose=0,
+                                 callbacks=[*callbacks, reporter], verbose=0,
                                  **{k: v for k, v in data.items() if k not in ("x", "y")})
 
     def _profile_and_wait(self, step: PushPull, model, x, y, b0: int) -> dict:
@@ -127,31 +129,32 @@ class AshlWorker(NfdtWorker):
 
 def _follow(step: PushPull, batches: ProportionalBatches, allocation: dict, rank: int) -> None:
     """Train on the allocation: this worker's batch, steps per epoch and push period."""
-    periods = allocation.get("periods") or [1] * len(allocation["batches"])
+    batches.set_batches(allocation["batches"])
     step.batch_size, step.steps_per_epoch = batches.size, batches.steps
-    step.period = periods[rank]
+    step.period = (allocation.get("periods") or [1] * len(allocation["batches"]))[rank]
 
 
-def _epoch_reports(step: PushPull, batches: ProportionalBatches, allocation_id: int):
-    """At every epoch's end: report this worker's step times, take the allocation now in force."""
-    import keras
+class Reports:
+    """About once a second, after an exchange (the thread that talks to the PS): this worker's step
+    times to the kernel, and the allocation now in force back, taken at once."""
 
-    class EpochReports(keras.callbacks.Callback):
-        current = allocation_id
+    def __init__(self, step: PushPull, batches: ProportionalBatches, allocation: dict):
+        self.step, self.batches, self.current = step, batches, allocation["id"]
+        self.next_t = time.perf_counter() + REPORT_EVERY_S
 
-        def on_epoch_end(self, epoch, logs=None):
-            report = {"epoch": epoch, "compute_s": step.compute_s, "exchange_s": step.exchange_s,
-                      "timed_steps": step.timed_steps, "batch": batches.size, "allocation": self.current}
-            header = step.client.request("epoch", report=report)[0].header
-            allocation = header.get("allocation") or {}
-            if allocation.get("id", self.current) != self.current:
-                self.current = allocation["id"]
-                batches.set_batches(allocation["batches"])
-                _follow(step, batches, allocation, batches.rank)
-                step.reset_timing()  # measured afresh at the new batch size
-            step.phase = header.get("phase", step.phase)
-
-    return EpochReports()
+    def __call__(self) -> None:
+        now = time.perf_counter()
+        if now < self.next_t:
+            return
+        self.next_t = now + REPORT_EVERY_S
+        step = self.step
+        report = {"compute_s": step.compute_s, "exchange_s": step.exchange_s, "timed_steps": step.timed_steps,
+                  "batch": self.batches.size, "allocation": self.current}
+        allocation = step.client.request("report", report=report)[0].header.get("allocation") or {}
+        if allocation.get("id", self.current) != self.current:
+            self.current = allocation["id"]
+            _follow(step, self.batches, allocation, self.batches.rank)
+            step.reset_timing()  # measured afresh at the new batch size
 
 
 class AshlStrategy(DdcAsgdStrategy):

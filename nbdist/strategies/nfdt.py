@@ -56,6 +56,7 @@ class PushPull:
         self._sum: dict[str, np.ndarray] = {}
         self._pushed_batches = 1
         self._reviewed_at = 0
+        self.after_exchange = None  # ASHL: called after each exchange, in the thread that exchanges
         self.current: list[np.ndarray] = []  # the weights last received
         self.steps_per_epoch = 0
         self.shapes: dict[str, tuple] = {}  # name -> (shape, dtype), for probes
@@ -120,13 +121,17 @@ class PushPull:
         finally:
             self.slowdown.after_exchange(self.client.bytes_sent + self.client.bytes_received - moved)
             self._exchange_ended = time.perf_counter()
-            self.exchange_s = _ema(self.exchange_s, self._exchange_ended - started)
+        held_s = max(r.header.get("held_s") or 0.0 for r in replies)  # waiting for a round: not communication
+        self.exchange_s = _ema(self.exchange_s, max(self._exchange_ended - started - held_s, 0.0))
         self.non_finite = 0
         self.staleness = max(r.header.get("staleness", 0) for r in replies)
         gammas = [r.header["gamma"] for r in replies if r.header.get("gamma") is not None]
         self.gamma = min(gammas) if gammas else None
         self.phase = replies[0].header.get("phase", self.phase)
-        return self._weights(replies)
+        weights = self._weights(replies)
+        if self.after_exchange is not None:
+            self.after_exchange()
+        return weights
 
     def _observe_compute(self, seconds: float) -> None:
         self.timed_steps += 1
