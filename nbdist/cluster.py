@@ -24,6 +24,7 @@ class EngineInfo:
     host: str = "?"
     pid: int | None = None
     boot_id: str | None = None
+    net_ns: int | None = None  # its network namespace (an engine in a container or netns has its own)
     cpus: int | None = None
     gpus: list = field(default_factory=list)
     tensorflow: str | None = None
@@ -43,6 +44,7 @@ class ClusterHandle:
         self.cluster = cluster  # an ipyparallel.Cluster when nbdist started it, else None
         self._info: dict[int, EngineInfo] = {}
         self._local_boot_id = engine._boot_id()
+        self._local_net_ns = engine.network_namespace()
 
     @classmethod
     def start(cls, n: int, engines: str = "local", profile: str | None = None) -> "ClusterHandle":
@@ -158,6 +160,11 @@ class ClusterHandle:
         """Whether the engine runs on this machine (same boot id as the kernel)."""
         info = self._info.get(eid)
         return info is not None and info.boot_id is not None and info.boot_id == self._local_boot_id
+
+    def shares_network(self, eid: int) -> bool:
+        """Whether the engine reaches this kernel's loopback: same machine and same network namespace."""
+        info = self._info.get(eid)
+        return self.is_local(eid) and info.net_ns is not None and info.net_ns == self._local_net_ns
 
     def signal(self, ids: list[int], sig: int = signal.SIGINT) -> None:
         """Send `sig` to the engines' processes (SIGINT raises KeyboardInterrupt in running code)."""

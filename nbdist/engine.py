@@ -48,6 +48,7 @@ def probe() -> dict:
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "boot_id": _boot_id(),
+        "net_ns": network_namespace(),
         "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "gpus": gpus,
         "tensorflow": version("tensorflow") or version("tensorflow-cpu"),
@@ -55,6 +56,14 @@ def probe() -> dict:
         "horovod": version("horovod"),
         "nbdist": version("nbdist"),
     }
+
+
+def network_namespace() -> int | None:
+    """The inode of this process's network namespace (Linux), None where there is none to read."""
+    try:
+        return os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        return None
 
 
 def _boot_id() -> str | None:

@@ -265,6 +265,69 @@ ASHL = [
 ]
 
 
+MULTI_HOST = [
+    new_markdown_cell(
+        "# A cluster started outside the notebook\n\n"
+        "On real hosts the cluster is started once, from a shell, and notebooks connect to it. With "
+        "ipyparallel's launchers that is one command on the head node:\n\n"
+        "```bash\n"
+        "ipcluster start --profile=nbdist-multihost -n 8 --engines=ssh    # or mpi, slurm, pbs, ...\n"
+        "```\n\n"
+        "(or `ipcontroller` there and `ipengine` on each host: README.md, \"Multi-host\"). When this notebook "
+        "runs under `make test`, the test suite starts `ipcluster start --profile=nbdist-multihost -n 2` on "
+        "this machine first (notebooks/conftest.py). Engines need nbdist installed, in the notebook's version."),
+    new_code_cell("%load_ext nbdist\nimport nbdist\n%dist connect --profile nbdist-multihost"),
+    new_markdown_cell("What nbdist sees of each engine: its host, process, CPUs, the GPUs TensorFlow finds there, "
+                      "the versions of TensorFlow, Keras and Horovod, and whether it is idle."),
+    new_code_cell("%dist status"),
+    new_code_cell(
+        "%%distribute define\n"
+        "import keras\n"
+        "from nbdist.datasets import fashion_mnist\n\n"
+        "(x, y), (x_test, y_test) = fashion_mnist(limit=12000)\n"
+        "x, x_test = x.astype(\"float32\")[..., None] / 255, x_test.astype(\"float32\")[..., None] / 255\n\n"
+        "def build():\n"
+        "    return keras.Sequential([\n"
+        "        keras.Input((28, 28, 1)),\n"
+        "        keras.layers.Conv2D(16, 3, activation=\"relu\"),\n"
+        "        keras.layers.MaxPooling2D(),\n"
+        "        keras.layers.Flatten(),\n"
+        "        keras.layers.Dense(10, activation=\"softmax\"),\n"
+        "    ])"),
+    new_markdown_cell("Synchronous training across the engines with Horovod's ring-allreduce (`hfdt`): the "
+                      "rendezvous runs in this kernel, on its address towards the controller."),
+    new_code_cell(
+        "%%distribute --strategy hfdt --workers 2 --seed 0\n"
+        "model = build()\n"
+        "model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),\n"
+        "              loss=\"sparse_categorical_crossentropy\", metrics=[\"accuracy\"])\n"
+        "history = model.fit(x, y, batch_size=64, epochs=2, validation_data=(x_test, y_test))"),
+    new_code_cell("hfdt_accuracy = model.evaluate(x_test, y_test, verbose=0)[1]\n"
+                  "print(f\"hfdt: test accuracy {hfdt_accuracy:.4f}\")"),
+    new_markdown_cell("Asynchronous training through the parameter server with dynamic delay compensation "
+                      "(`ddc-asgd`): the shards run on this host and listen on its address towards the controller; "
+                      "every message is signed with a key drawn for this run."),
+    new_code_cell(
+        "%%distribute --strategy ddc-asgd --workers 2 --seed 0\n"
+        "model = build()\n"
+        "model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),\n"
+        "              loss=\"sparse_categorical_crossentropy\", metrics=[\"accuracy\"])\n"
+        "history = model.fit(x, y, batch_size=64, epochs=2, validation_data=(x_test, y_test))"),
+    new_code_cell("ddc_accuracy = model.evaluate(x_test, y_test, verbose=0)[1]\n"
+                  "run = nbdist.last_run\n"
+                  "print(f\"ddc-asgd: test accuracy {ddc_accuracy:.4f}; PS shard at {run.ps[0]['address']}; \"\n"
+                  "      f\"{run.ps[0]['counts']['applied']} pushes applied\")"),
+    new_code_cell(
+        "# NBVAL_CHECK_OUTPUT\n"
+        "ok = hfdt_accuracy > 0.7 and ddc_accuracy > 0.7 and run.ps[0][\"counts\"][\"rejected\"] == 0\n"
+        "assert ok, (hfdt_accuracy, ddc_accuracy, run.ps[0][\"counts\"])\n"
+        "print(\"both strategies trained on the connected cluster:\", ok)"),
+    new_markdown_cell("`%dist stop` only disconnects: the cluster was started outside nbdist and keeps running "
+                      "for the next notebook (`ipcluster stop --profile=nbdist-multihost` ends it)."),
+    new_code_cell("%dist stop"),
+]
+
+
 def write(path: Path, cells) -> None:
     notebook = new_notebook(cells=cells, metadata={
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
@@ -282,3 +345,4 @@ if __name__ == "__main__":
     write(root / "02-hfdt.ipynb", HFDT)
     write(root / "03-async.ipynb", ASYNC)
     write(root / "04-ashl.ipynb", ASHL)
+    write(root / "05-multi-host.ipynb", MULTI_HOST)

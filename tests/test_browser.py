@@ -13,6 +13,7 @@ from tests.test_nfdt import idle_engines
 
 pytestmark = pytest.mark.cluster
 
+DASHBOARD = ".jp-OutputArea-output"  # the dashboard's buttons, not the Distributed sidebar's own Stop
 TRAIN = '''%%distribute --strategy nfdt --workers 2
 model = build()
 model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
@@ -46,20 +47,20 @@ def test_dashboard_draws_and_its_pause_and_resume_act_in_a_real_browser(lab, clu
                 if i < 2:
                     page.wait_for_selector(f".jp-Notebook .jp-Cell >> nth={i} >> .jp-InputPrompt:has-text('[{i + 1}]')")
 
-            page.wait_for_selector("button:has-text('Pause')")
+            page.wait_for_selector(f"{DASHBOARD} button:has-text('Pause')")
             page.wait_for_selector(".js-plotly-plot .scatterlayer .trace path.js-line")  # drawn lines, not axes only
             page.wait_for_selector("table:has-text('last seen') >> text=running")
             assert page.locator(".js-plotly-plot .scatterlayer .trace").count() >= 2
             page.screenshot(path=str(SCREENSHOTS / "dashboard-during-training.png"), full_page=True)
 
-            page.click("button:has-text('Pause')")
+            page.click(f"{DASHBOARD} button:has-text('Pause')")
             page.wait_for_selector("text=pause acknowledged")
             page.wait_for_selector("text=phase paused")
             page.screenshot(path=str(SCREENSHOTS / "dashboard-paused.png"), full_page=True)
-            page.click("button:has-text('Resume')")
+            page.click(f"{DASHBOARD} button:has-text('Resume')")
             page.wait_for_selector("text=resume acknowledged")
             page.wait_for_selector("text=phase train")
-            page.click("button:has-text('Stop')")
+            page.click(f"{DASHBOARD} button:has-text('Stop')")
 
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", state="attached",
                                    timeout=180_000)

@@ -225,7 +225,7 @@ class HfdtStrategy(Strategy):
         require_horovod()
         order, slots = host_plan([cluster.info(eid).host for eid in run.workers])
         run.workers[:] = [run.workers[i] for i in order]  # rank order
-        address = rendezvous_address(cluster.client, all(cluster.is_local(e) for e in run.workers))
+        address = rendezvous_address(cluster.client, all(cluster.shares_network(e) for e in run.workers))
         self.rendezvous = Rendezvous(address)
         port = self.rendezvous.start(slots)
         profiles = parse_simulate(self.options.get("simulate"), len(run.workers))

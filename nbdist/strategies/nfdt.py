@@ -373,7 +373,7 @@ class NfdtStrategy(Strategy):
         self.service = PsService(run.id, shards, len(run.workers), settings,
                                  options.get("checkpoint_dir") or DEFAULT_CHECKPOINT_DIR,
                                  float(options.get("checkpoint_every") or 30))
-        towards = rendezvous_address(cluster.client, all(cluster.is_local(e) for e in run.workers))
+        towards = rendezvous_address(cluster.client, all(cluster.shares_network(e) for e in run.workers))
         on_engines = options.get("ps_on") == "engines"
         self.service.start(towards, cluster if on_engines else None, run.workers if on_engines else None)
         if resume is not None:
