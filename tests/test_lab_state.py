@@ -56,3 +56,14 @@ def test_session_tells_listeners_what_changed():
     session.record_definition("x = 1", name="a")
     assert session.stop() == "no cluster to stop"
     assert heard == ["definitions"]
+
+
+def test_the_sidebar_offers_every_strategy_before_a_kernel_says_which():
+    import re
+    from pathlib import Path
+
+    from nbdist.strategies import REGISTRY
+
+    source = (Path(__file__).resolve().parent.parent / "labextension" / "src" / "model.ts").read_text()
+    listed = re.search(r"DEFAULT_STRATEGIES = \[(.*?)\]", source, re.S).group(1)
+    assert sorted(re.findall(r"'([\w-]+)'", listed)) == sorted(REGISTRY)

@@ -23,7 +23,8 @@ export const DEFAULT_STRATEGIES = [
   'dc-asgdk',
   'ddc-asgd',
   'ssgd',
-  'adsp'
+  'adsp',
+  'ashl'
 ];
 
 export class DistModel {
