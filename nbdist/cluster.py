@@ -24,13 +24,13 @@ class EngineInfo:
     host: str = "?"
     pid: int | None = None
     boot_id: str | None = None
-    net_ns: int | None = None  # its network namespace (an engine in a container or netns has its own)
     cpus: int | None = None
     gpus: list = field(default_factory=list)
     tensorflow: str | None = None
     keras: str | None = None
     horovod: str | None = None
     nbdist: str | None = None
+    net_ns: int | None = None  # its network namespace (an engine in a container or netns has its own)
 
     def label(self) -> str:
         return f"engine {self.id} (host {self.host}, pid {self.pid})"
