@@ -1,4 +1,5 @@
-"""ASHL (DESIGN.md section 6): profiling-based allocation, the AHL -> SHL switch rule, compression policy.
+"""ASHL (DESIGN.md section 6): profiling, allocation, the AHL -> SHL switch rule, the kernel's coordinator.
 
-Pure decisions, no I/O: the strategy that drives them (`--strategy ashl`) is not built yet.
+The pure decisions (allocation, switch) do no I/O; `coordinator` applies them to a run;
+the strategy itself is `nbdist/strategies/ashl.py`.
 """
