@@ -40,7 +40,7 @@ def ashl_run(heavier, cluster):
     idle_engines(cluster, 4)
     speeds = ",".join(map(str, SPEEDS))
     reply = kernel.run(f'%%distribute --strategy ashl --workers 4 --seed 3 --simulate "speed={speeds}"\n'
-                       + CELL.format(epochs=6), timeout=400)
+                       + CELL.format(epochs=10), timeout=400)  # SHL gets the last 3-4 epochs
     reply.check()
     return {"stdout": reply.stdout,
             "events": kernel.value("nbdist.last_run.events"),
