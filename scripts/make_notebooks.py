@@ -189,6 +189,25 @@ ASYNC = [
 ]
 
 
+def fashion_cnn_cell(limit: int, conv_layers: int):
+    """A definition cell: the first `limit` Fashion-MNIST samples and a small CNN (16, then 32 filters)."""
+    convs = "".join(f"        keras.layers.Conv2D({filters}, 3, activation=\"relu\"),\n"
+                    "        keras.layers.MaxPooling2D(),\n" for filters in (16, 32)[:conv_layers])
+    return new_code_cell(
+        "%%distribute define\n"
+        "import keras\n"
+        "from nbdist.datasets import fashion_mnist\n\n"
+        f"(x, y), (x_test, y_test) = fashion_mnist(limit={limit})\n"
+        "x, x_test = x.astype(\"float32\")[..., None] / 255, x_test.astype(\"float32\")[..., None] / 255\n\n"
+        "def build():\n"
+        "    return keras.Sequential([\n"
+        "        keras.Input((28, 28, 1)),\n"
+        f"{convs}"
+        "        keras.layers.Flatten(),\n"
+        "        keras.layers.Dense(10, activation=\"softmax\"),\n"
+        "    ])")
+
+
 ASHL = [
     new_markdown_cell(
         "# ASHL: training on a heterogeneous cluster\n\n"
@@ -203,22 +222,7 @@ ASHL = [
         "(SHL) when the switch rule says so; each worker **compresses** its pushes when communication dominates "
         "its step. Every decision is an event with its reason."),
     new_code_cell("%load_ext nbdist\n%dist start -n 4"),
-    new_code_cell(
-        "%%distribute define\n"
-        "import keras\n"
-        "from nbdist.datasets import fashion_mnist\n\n"
-        "(x, y), (x_test, y_test) = fashion_mnist(limit=12000)\n"
-        "x, x_test = x.astype(\"float32\")[..., None] / 255, x_test.astype(\"float32\")[..., None] / 255\n\n"
-        "def build():\n"
-        "    return keras.Sequential([\n"
-        "        keras.Input((28, 28, 1)),\n"
-        "        keras.layers.Conv2D(16, 3, activation=\"relu\"),\n"
-        "        keras.layers.MaxPooling2D(),\n"
-        "        keras.layers.Conv2D(32, 3, activation=\"relu\"),\n"
-        "        keras.layers.MaxPooling2D(),\n"
-        "        keras.layers.Flatten(),\n"
-        "        keras.layers.Dense(10, activation=\"softmax\"),\n"
-        "    ])"),
+    fashion_cnn_cell(12000, conv_layers=2),
     new_code_cell(
         "%%distribute --strategy ashl --workers 4 --seed 0 --simulate \"speed=1,1,0.5,0.25; bandwidth=1g,1g,200m,50m\"\n"
         "model = build()\n"
@@ -280,20 +284,7 @@ MULTI_HOST = [
     new_markdown_cell("What nbdist sees of each engine: its host, process, CPUs, the GPUs TensorFlow finds there, "
                       "the versions of TensorFlow, Keras and Horovod, and whether it is idle."),
     new_code_cell("%dist status"),
-    new_code_cell(
-        "%%distribute define\n"
-        "import keras\n"
-        "from nbdist.datasets import fashion_mnist\n\n"
-        "(x, y), (x_test, y_test) = fashion_mnist(limit=12000)\n"
-        "x, x_test = x.astype(\"float32\")[..., None] / 255, x_test.astype(\"float32\")[..., None] / 255\n\n"
-        "def build():\n"
-        "    return keras.Sequential([\n"
-        "        keras.Input((28, 28, 1)),\n"
-        "        keras.layers.Conv2D(16, 3, activation=\"relu\"),\n"
-        "        keras.layers.MaxPooling2D(),\n"
-        "        keras.layers.Flatten(),\n"
-        "        keras.layers.Dense(10, activation=\"softmax\"),\n"
-        "    ])"),
+    fashion_cnn_cell(12000, conv_layers=1),
     new_markdown_cell("Synchronous training across the engines with Horovod's ring-allreduce (`hfdt`): the "
                       "rendezvous runs in this kernel, on its address towards the controller."),
     new_code_cell(

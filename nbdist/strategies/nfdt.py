@@ -41,6 +41,7 @@ class PushPull:
     def __init__(self, client: PsClient, plan: list[list[str]], names: list[str], batch_size: int | None = None,
                  slowdown: Slowdown | None = None):
         self.client, self.plan, self.names = client, plan, names
+        self.shard_of = {name: i for i, shard in enumerate(plan) for name in shard}
         self.batch_size = batch_size  # weights this worker's gradients in a synchronous (ssgd) average
         self.slowdown = slowdown or Slowdown(None)
         self.versions = [0] * len(plan)
@@ -112,7 +113,7 @@ class PushPull:
             grads, fields = self._compress(grads, fields)
         moved = self.client.bytes_sent + self.client.bytes_received
         try:
-            replies = self.client.request("push", _split(grads, self.plan), [{"version": v} for v in self.versions],
+            replies = self.client.request("push", _split(grads, self.shard_of, len(self.plan)), [{"version": v} for v in self.versions],
                                           **fields)
         except PsRefused as exc:
             if exc.reason != "non_finite":
@@ -163,7 +164,7 @@ class PushPull:
         zeros = {name: np.zeros(shape, dtype) for name, (shape, dtype) in self.shapes.items()}
         moved = self.client.bytes_sent + self.client.bytes_received
         started = time.perf_counter()
-        self.client.request("probe", _split(zeros, self.plan))
+        self.client.request("probe", _split(zeros, self.shard_of, len(self.plan)))
         self.slowdown.after_exchange(self.client.bytes_sent + self.client.bytes_received - moved)
         return time.perf_counter() - started, self.client.bytes_sent + self.client.bytes_received - moved
 
@@ -198,12 +199,11 @@ def _round(value: float | None):
     return None if value is None else round(value, 5)
 
 
-def _split(arrays: dict, plan: list[list[str]]) -> list[dict]:
+def _split(arrays: dict, shard_of: dict[str, int], shards: int) -> list[dict]:
     """Arrays per shard; a compressed variable's parts (``name|idx``, ``name|val``) go with it."""
-    where = {name: i for i, shard in enumerate(plan) for name in shard}
-    out: list[dict] = [{} for _ in plan]
+    out: list[dict] = [{} for _ in range(shards)]
     for key, array in arrays.items():
-        out[where[key.split("|")[0]]][key] = array
+        out[shard_of[key.split("|")[0]]][key] = array
     return out
 
 
