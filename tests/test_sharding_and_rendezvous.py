@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from nbdist.errors import OptionError
+from nbdist.errors import ClusterError, OptionError
 from nbdist.rendezvous import Rendezvous, host_plan
 from nbdist.sharding import shard_arrays, shard_dataset, split_validation
-from nbdist.strategies.hfdt import _lr_scaler, interface_towards
+from nbdist.strategies.hfdt import _lr_scaler, interface_towards, require_resolvable
 
 
 def test_split_validation_is_keras_own():
@@ -91,3 +91,9 @@ def test_lr_scaler_ramps_linearly_then_restores():
     # 4 steps per epoch; warm-up over epoch 0 from 0.1 to 0.4, then 0.4 (= 0.1 x 4 workers).
     assert seen == [0.1, 0.175, 0.25, 0.325, 0.4, 0.4, 0.4, 0.4]
     assert float(model.optimizer.learning_rate) == pytest.approx(0.1)
+
+
+def test_an_unresolvable_host_name_is_refused_before_horovod_crashes_on_it():
+    require_resolvable("localhost")
+    with pytest.raises(ClusterError, match="does not resolve here.*DNS or /etc/hosts"):
+        require_resolvable("no-such-host.invalid")

@@ -67,6 +67,7 @@ class HfdtWorker(Worker):
         if hvd.is_initialized():
             hvd.shutdown()
         slot = self.slot
+        require_resolvable(slot["hostname"])
         os.environ.update({
             "HOROVOD_GLOO_RENDEZVOUS_ADDR": self.config["address"],
             "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self.config["port"]),
@@ -115,6 +116,18 @@ class HfdtWorker(Worker):
             raise OptionError("nbdist does not scale a learning-rate schedule; use --scale-lr none "
                               "(and scale the schedule by the number of workers yourself).")
         return [_lr_scaler(optimizer, self.size, float(self.options.get("warmup_epochs") or 0))]
+
+
+def require_resolvable(hostname: str) -> None:
+    """Horovod's Gloo looks this host's name up and crashes the process when it cannot: say so first."""
+    import socket
+
+    try:
+        socket.gethostbyname(hostname)
+    except OSError:
+        raise ClusterError(f"this engine's host name {hostname!r} does not resolve here, and Horovod (hfdt) needs "
+                           "every host's name to resolve: add it to DNS or /etc/hosts on every host, or use a "
+                           "parameter-server strategy (nfdt, ddc-asgd), which does not.") from None
 
 
 def interface_towards(address: str, port: int) -> str:
