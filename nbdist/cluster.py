@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import time
 from dataclasses import dataclass, field
 
-from . import engine
+from . import engine, lifeline
 from .errors import ClusterError
 
 # The hub unregisters an engine that misses this many 1 s heartbeats, so a dead engine is
 # named within seconds rather than ipyparallel's default 30 s (clusters nbdist starts only).
 HEARTBEAT_ARGS = ["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonitor_misses=5"]
+# ... and an engine shuts itself down after 5 checks (every period + 0.5 s) without the hub's ping,
+# so engines on other hosts go within 7.5 s of their controller (ipyparallel's default: 50 checks).
+# An engine runs the check between tasks: one in the middle of a task goes when the task ends.
+ENGINE_ARGS = ["--IPEngine.max_heartbeat_misses=5"]
 PROBE_TIMEOUT_S = 60
 ENGINE_START_TIMEOUT_S = 120
+RELEASE_TIMEOUT_S = 5
 
 
 @dataclass
@@ -39,9 +46,10 @@ class EngineInfo:
 class ClusterHandle:
     """A client connection to an ipyparallel cluster, plus the cluster itself when nbdist started it."""
 
-    def __init__(self, client, cluster=None):
+    def __init__(self, client, cluster=None, watcher: lifeline.Lifeline | None = None):
         self.client = client
         self.cluster = cluster  # an ipyparallel.Cluster when nbdist started it, else None
+        self.lifeline = watcher  # stops (or releases) the cluster should this process die
         self._info: dict[int, EngineInfo] = {}
         self._local_boot_id = engine._boot_id()
         self._local_net_ns = engine.network_namespace()
@@ -56,12 +64,17 @@ class ClusterHandle:
         if profile:
             kwargs["profile"] = profile
         cluster = ipp.Cluster(**kwargs)
+        launcher_config = cluster.config.EngineLauncher
+        launcher_config.engine_args = [*launcher_config.get("engine_args", []), *ENGINE_ARGS]
+        cluster.config.merge(lifeline.kill_after_config())
+        watcher = _watch(cluster, n, engines)  # before the first process, so none can outlive us unseen
         try:
             client = cluster.start_and_connect_sync()
         except Exception as exc:
             _stop_quietly(cluster)
+            watcher.stop()
             raise ClusterError(f"could not start {n} {engines} engine(s): {exc}") from None
-        return cls(client, cluster)
+        return cls(client, cluster, watcher)
 
     @classmethod
     def connect(cls, profile: str | None = None, cluster_id: str | None = None,
@@ -84,19 +97,28 @@ class ClusterHandle:
                 f"could not connect to the cluster ({where}): {exc}. Is it running? "
                 "Start one with `ipcluster start -n 4` or use %dist start."
             ) from None
-        return cls(client, None)
+        stale = lifeline.adoptable(lifeline.stale_clusters(), file or _client_file(profile, cluster_id))
+        if stale is not None:  # nbdist started it for this notebook, in a kernel now gone: ours again
+            return cls(client, *_adopt(stale))
+        where = {"connection_info": file, "profile": profile, "cluster_id": cluster_id}
+        return cls(client, None, lifeline.Lifeline.start(release=where))
 
     @property
     def owned(self) -> bool:
         return self.cluster is not None
 
     def stop(self) -> None:
-        """Stop the cluster if nbdist started it, else just disconnect. Idempotent."""
-        client, cluster, self.client, self.cluster = self.client, self.cluster, None, None
+        """Stop the cluster if nbdist started it, else release its engines and disconnect. Idempotent."""
+        client, cluster, watcher = self.client, self.cluster, self.lifeline
+        self.client = self.cluster = self.lifeline = None
         if client is not None:
+            if cluster is None:
+                _release(client)
             client.close()
         if cluster is not None:
             _stop_quietly(cluster)
+        if watcher is not None:
+            watcher.stop()
 
     def __enter__(self):
         return self
@@ -186,13 +208,61 @@ def _process_running(pid: int) -> bool:
         return False
 
 
+def _watch(cluster, n: int, engines: str) -> lifeline.Lifeline:
+    """The lifeline of a cluster this process starts, with the record a later kernel finds it by."""
+    import psutil
+
+    security = os.path.join(cluster.profile_dir, "security")
+    record = {"path": lifeline.record_path(cluster.profile_dir, cluster.cluster_id),
+              "cluster_id": cluster.cluster_id, "profile_dir": cluster.profile_dir,
+              "cluster_file": cluster.cluster_file,
+              "client_file": os.path.join(security, f"ipcontroller-{cluster.cluster_id}-client.json"),
+              "kernel_pid": os.getpid(), "kernel_started": psutil.Process().create_time(),
+              "notebook": lifeline.notebook_id(), "started_at": time.time(), "n": n, "engines": engines}
+    log = os.path.join(cluster.profile_dir, "log", f"nbdist-lifeline-{cluster.cluster_id}.log")
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    return lifeline.Lifeline.start(cluster_file=cluster.cluster_file, record=record, log=log,
+                                   on_sigterm=lambda: _stop_quietly(cluster))
+
+
+def _adopt(record: dict):
+    """(cluster, lifeline) for a cluster a previous kernel of this notebook started."""
+    from ipyparallel.cluster import Cluster
+
+    cluster = Cluster.from_file(record["cluster_file"], log=logging.getLogger("nbdist.adopted"),
+                                config=lifeline.kill_after_config())
+    return cluster, _watch(cluster, record.get("n", 0), record.get("engines", "local"))
+
+
+def _client_file(profile: str | None, cluster_id: str | None) -> str:
+    """The connection file `ipp.Client(profile=..., cluster_id=...)` reads."""
+    from IPython.core.profiledir import ProfileDir, ProfileDirError
+    from IPython.paths import get_ipython_dir
+
+    try:
+        security = ProfileDir.find_profile_dir_by_name(get_ipython_dir(), profile or "default").security_dir
+    except ProfileDirError:
+        return ""
+    name = f"ipcontroller-{cluster_id}-client.json" if cluster_id else "ipcontroller-client.json"
+    return os.path.join(security, name)
+
+
+def _release(client) -> None:
+    """Clear what nbdist's cells left on a connected cluster's engines (they keep running)."""
+    try:
+        if client.ids:
+            client[:].apply_async(engine.release).get(timeout=RELEASE_TIMEOUT_S)
+    except Exception as exc:  # a busy engine releases when its task ends; the disconnect goes on
+        logging.getLogger("nbdist").info("releasing the engines: %s", exc)
+
+
 def _stop_quietly(cluster) -> None:
     # Engines exit non-zero on SIGTERM, and ipyparallel then logs their whole output as a warning.
     for launcher in [cluster, cluster.controller, *cluster.engines.values()]:
         if launcher is not None and getattr(launcher, "log", None) is not None:
             launcher.log.setLevel(logging.ERROR)
     try:
-        cluster.stop_cluster_sync()
+        lifeline.halt(cluster)
     except Exception as exc:  # stopping must not hide the error that led here
         logging.getLogger("nbdist").warning("stopping the cluster: %s", exc)
 

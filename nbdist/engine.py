@@ -8,6 +8,7 @@ import socket
 import time
 
 DEFINITIONS_VAR = "__nbdist_definitions__"  # {key: digest} of definition cells run on this engine
+NAMES_VAR = "__nbdist_names__"  # names that definition and training cells bound here (what `release` clears)
 
 
 def _shell():
@@ -19,12 +20,44 @@ def _shell():
     return shell
 
 
+def user_namespace() -> dict:
+    """The engine's user namespace (where the training cell runs)."""
+    return _shell().user_ns
+
+
 def _run_source(source: str, filename: str) -> None:
     """Execute cell text (IPython syntax allowed) in the engine's namespace, with a readable traceback."""
     shell = _shell()
     python = shell.transform_cell(source)
     linecache.cache[filename] = (len(python), None, python.splitlines(True), filename)
-    exec(compile(python, filename, "exec"), shell.user_ns)
+    namespace = shell.user_ns
+    before = dict(namespace)
+    try:
+        exec(compile(python, filename, "exec"), namespace)
+    finally:  # a cell that failed half-way still leaves its names
+        bound = {k for k, v in namespace.items() if k not in before or before[k] is not v}
+        namespace.setdefault(NAMES_VAR, set()).update(bound - {NAMES_VAR})
+
+
+def release() -> int:
+    """Give back what nbdist's cells left on this engine: their names, then Keras' state and the memory
+    TensorFlow can return (its GPU allocator keeps what it reserved until the process exits).
+
+    Run on the engines of a cluster nbdist only connected to, when the notebook lets go of them.
+    Returns how many names were cleared.
+    """
+    import gc
+    import sys
+
+    namespace = _shell().user_ns
+    names = namespace.pop(NAMES_VAR, set())
+    for name in names:
+        namespace.pop(name, None)
+    namespace.pop(DEFINITIONS_VAR, None)
+    if "keras" in sys.modules:  # never import TensorFlow just to release it
+        sys.modules["keras"].backend.clear_session(free_memory=True)
+    gc.collect()
+    return len(names)
 
 
 def probe() -> dict:
@@ -93,6 +126,7 @@ def run_training_cell(spec: dict) -> list:
     """
     from ipyparallel.datapub import publish_data
 
+    from . import callbacks
     from .errors import NoFitCall
     from .keras_bridge import FitResult, intercept_fit
     from .strategies import REGISTRY
@@ -114,7 +148,9 @@ def run_training_cell(spec: dict) -> list:
         reporter = reporters[-1] if reporters else None
         timings = {"cell_start": spec.get("cell_start"), "engine_start": started,
                    "first_step": getattr(reporter, "first_step_t", None), "fit_end": time.time()}
-        results.append(FitResult.collect(request.model, history, getattr(reporter, "records", ()), timings))
+        states = callbacks.collect(request.callbacks, worker.callback_changes) if spec["rank"] == 0 else []
+        results.append(FitResult.collect(request.model, history, getattr(reporter, "records", ()), timings,
+                                         states, worker.files_written))
         return history
 
     if spec.get("seed") is not None:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import OptionError
+from .errors import OptionError, RunInterrupted
 from .strategies import option_line
 
 QUICK = {"workers": 4, "samples": 8000, "epochs": 2, "seeds": 1, "simulate": "speed=1,1,0.5,0.25"}
@@ -115,6 +115,8 @@ def run_one(shell, session, row: Row, args, seed: int) -> dict:
         run = session.last_run
         accuracy = float(shell.user_ns["model"].evaluate(shell.user_ns["x_test"], shell.user_ns["y_test"],
                                                          verbose=0)[1])
+    except RunInterrupted:  # Ctrl-C (SIGINT) ends the comparison; compare's `finally` stops the cluster
+        raise
     except Exception as exc:  # a diverging rule is a result, not a crash of the comparison
         run, accuracy, error = session.last_run, float("nan"), f"{type(exc).__name__}: {exc}"
     pushes = run.push_records if run is not None else []

@@ -11,10 +11,12 @@ import numpy as np
 
 from .errors import OptionError
 
-# The fit arguments of DESIGN.md section 4; every other one is refused by name.
-SUPPORTED_FIT_ARGS = (
-    "x", "y", "batch_size", "epochs", "verbose", "callbacks", "validation_split",
-    "validation_data", "shuffle", "steps_per_epoch",
+# Every argument of Keras' own `fit`: each worker runs that `fit`, so each is honoured (a strategy
+# that cannot honour one refuses it by name, see `Strategy.refuse`).
+FIT_ARGS = (
+    "x", "y", "batch_size", "epochs", "verbose", "callbacks", "validation_split", "validation_data", "shuffle",
+    "class_weight", "sample_weight", "initial_epoch", "steps_per_epoch", "validation_steps",
+    "validation_batch_size", "validation_freq",
 )
 
 
@@ -25,6 +27,7 @@ class FitRequest:
     model: Any
     args: dict
     original_fit: Callable
+    chosen: frozenset = frozenset()  # the arguments given a value other than Keras' default
 
     def __getattr__(self, name):  # request.epochs, request.batch_size, ...
         try:
@@ -32,9 +35,17 @@ class FitRequest:
         except KeyError:
             raise AttributeError(name) from None
 
+    def given(self, name: str) -> bool:
+        """Whether the cell gave `name` a value other than Keras' default."""
+        return name in self.chosen
+
     @property
     def samples_per_step(self) -> int | None:
         """The global batch size of one step, when it can be known before training."""
+        from .sharding import is_generator, is_py_dataset
+
+        if is_py_dataset(self.args["x"]) or is_generator(self.args["x"]):
+            return None
         if is_dataset(self.args["x"]):
             spec = self.args["x"].element_spec
             first = spec[0] if isinstance(spec, (tuple, list)) else spec
@@ -58,9 +69,11 @@ class FitResult:
     epoch: list
     records: list = field(default_factory=list)
     timings: dict = field(default_factory=dict)
+    callbacks: list = field(default_factory=list)  # each user callback's state after training (rank 0's)
+    files: list = field(default_factory=list)  # where file-writing callbacks wrote: [{"callback", "path", "host"}]
 
     @classmethod
-    def collect(cls, model, history, records=(), timings=None) -> "FitResult":
+    def collect(cls, model, history, records=(), timings=None, callbacks=(), files=()) -> "FitResult":
         optimizer = getattr(model, "optimizer", None)
         return cls(
             weights=[np.asarray(w) for w in model.get_weights()],
@@ -70,15 +83,13 @@ class FitResult:
             epoch=list(history.epoch),
             records=list(records),
             timings=dict(timings or {}),
+            callbacks=list(callbacks),
+            files=list(files),
         )
 
 
 def bind_fit_arguments(original_fit: Callable, model, args: tuple, kwargs: dict) -> FitRequest:
-    """Bind a `fit` call's arguments by name; refuse those nbdist does not support.
-
-    An unsupported argument left at its Keras default is accepted: only a value the
-    user actually chose would be silently ignored, and that is what gets refused.
-    """
+    """Bind a `fit` call's arguments by name, and note which ones the cell chose."""
     signature = inspect.signature(original_fit)
     try:
         bound = signature.bind(model, *args, **kwargs)
@@ -87,15 +98,9 @@ def bind_fit_arguments(original_fit: Callable, model, args: tuple, kwargs: dict)
     bound.apply_defaults()
     values = dict(bound.arguments)
     values.pop(next(iter(signature.parameters)))  # self
-    for name, value in values.items():
-        if name in SUPPORTED_FIT_ARGS:
-            continue
-        if _differs(value, signature.parameters[name].default):
-            raise OptionError(
-                f"nbdist does not support `{name}` in a distributed fit. Received: {name}={_short(value)}. "
-                f"Remove it, or run this cell without %%distribute. Supported: {', '.join(SUPPORTED_FIT_ARGS)}."
-            )
-    return FitRequest(model=model, args={k: values[k] for k in SUPPORTED_FIT_ARGS}, original_fit=original_fit)
+    chosen = frozenset(name for name, value in values.items() if _differs(value, signature.parameters[name].default))
+    return FitRequest(model=model, args={k: values[k] for k in FIT_ARGS if k in values}, original_fit=original_fit,
+                      chosen=chosen)
 
 
 @contextlib.contextmanager
@@ -116,9 +121,12 @@ def intercept_fit(handler: Callable[[FitRequest], Any]):
         keras.Model.fit = original
 
 
-def install_result(model, result: FitResult, sample_input=None):
-    """Give `model` the trained weights and optimizer state; return the run's History."""
+def install_result(model, result: FitResult, sample_input=None, callbacks=None):
+    """Give `model` the trained weights and optimizer state, and `callbacks` (the notebook's callback
+    objects of this fit) rank 0's callback state; return the run's History."""
     import keras
+
+    from . import callbacks as worker_callbacks
 
     if not model.built:
         build_from_sample(model, sample_input)
@@ -138,6 +146,7 @@ def install_result(model, result: FitResult, sample_input=None):
     history.params = dict(result.params)
     history.epoch = list(result.epoch)
     model.history = history
+    worker_callbacks.restore(callbacks, result.callbacks, model, result.params)
     return history
 
 
@@ -192,6 +201,7 @@ def _differs(value, default) -> bool:
         return True
 
 
-def _short(value, limit: int = 60) -> str:
+def short(value, limit: int = 60) -> str:
+    """`repr(value)`, cut to `limit` characters (for refusals that echo a value)."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

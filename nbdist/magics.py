@@ -43,6 +43,9 @@ class NbdistMagics(Magics):
     @magic_arguments.argument("--profile", default=None, help="start/connect: ipyparallel profile")
     @magic_arguments.argument("--cluster-id", default=None, help="connect: cluster id within the profile")
     @magic_arguments.argument("--file", default=None, help="connect: path of an ipcontroller-client.json")
+    @magic_arguments.argument("--stale", action="store_true",
+                              help="stop: stop the clusters that previous kernels of this notebook left "
+                                   "running (status names them), not this kernel's")
     @line_magic
     def dist(self, line):
         """Start, connect to, inspect or stop the cluster nbdist trains on.
@@ -56,6 +59,7 @@ class NbdistMagics(Magics):
             %dist runs                       # the runs of this kernel
             %dist wait                       # until the last --background run ends
             %dist stop
+            %dist stop --stale               # clusters a previous (killed) kernel left running
         """
         args = _parse(self.dist, line)
         _refuse_unused(self.dist.parser, args)
@@ -72,9 +76,13 @@ class NbdistMagics(Magics):
             session.connect(profile=args.profile, cluster_id=args.cluster_id, file=args.file)
             print(report.engine_table(session.cluster.inventory()))
         elif args.action == "stop":
-            print(f"nbdist: {session.stop()}")
+            print(f"nbdist: {session.stop_stale() if args.stale else session.stop()}")
         elif args.action == "status":
-            print(report.engine_table(session.require_cluster().inventory()))
+            notice = session.stale_notice()
+            if session.cluster is not None or not notice:
+                print(report.engine_table(session.require_cluster().inventory()))
+            if notice:
+                print(notice)
         elif args.action == "runs":
             print(report.run_table(session.runs))
         elif args.action == "wait":
@@ -230,7 +238,8 @@ def _is_number(text: str) -> bool:
         return False
 
 
-_DIST_ARGS_BY_ACTION = {"start": {"n", "engines", "profile"}, "connect": {"profile", "cluster_id", "file"}}
+_DIST_ARGS_BY_ACTION = {"start": {"n", "engines", "profile"}, "connect": {"profile", "cluster_id", "file"},
+                        "stop": {"stale"}}
 
 
 def _refuse_unused(parser, args):

@@ -34,6 +34,7 @@ class Run:
         checkpoint: the last parameter-server checkpoint ({"path", "version", "saved_at", "weights"}).
         ps: each parameter-server shard's counters and push log (PS strategies).
         notes: what the user should know about the run (an effective momentum that risks divergence).
+        sent: the bytes of notebook models sent to the engines before training, and to which engines.
     """
 
     strategy: str
@@ -54,6 +55,7 @@ class Run:
     ps: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     hosts: dict[int, dict] = field(default_factory=dict)  # engine id -> {"host", "gpus"}
+    sent: dict = field(default_factory=dict)  # what the kernel sent before training: {"model_bytes", "models"}
     controller: object = field(default=None, repr=False)  # the strategy object while it runs
     thread: object = field(default=None, repr=False)  # the `Background` of a --background run not yet waited for
     display: object = field(default=None, repr=False)  # its dashboard or progress line

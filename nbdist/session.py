@@ -6,7 +6,7 @@ import hashlib
 import time
 from dataclasses import dataclass
 
-from . import engine, run as runs
+from . import engine, lifeline, run as runs
 from .cluster import ClusterHandle
 from .errors import ClusterError, DefinitionFailed, NbdistError, OptionError
 from .keras_bridge import install_result, intercept_fit
@@ -72,6 +72,17 @@ class Session:
         self.changed("cluster")
         return "cluster stopped" if owned else "disconnected (the cluster was started outside nbdist and keeps running)"
 
+    def stale_notice(self) -> str:
+        """What to say about clusters previous kernels of this notebook started and left running ("" if none)."""
+        return lifeline.describe_stale(lifeline.stale_clusters())
+
+    def stop_stale(self) -> str:
+        """Stop the clusters previous kernels of this notebook left running (not this kernel's); says which."""
+        stopped = lifeline.stop_stale(lifeline.stale_clusters())
+        if not stopped:
+            return "no cluster of a previous kernel of this notebook is running"
+        return f"stopped {len(stopped)} cluster(s) a previous kernel left running: {', '.join(stopped)}"
+
     def require_cluster(self) -> ClusterHandle:
         if self.cluster is None or self.cluster.client is None:
             raise ClusterError("no cluster yet: run %dist start -n 2 (local engines) or %dist connect --profile NAME")
@@ -101,6 +112,54 @@ class Session:
                 for eid in targets}
             for eid, ar in calls.items():
                 self._raise_definition_error(cluster, eid, ar, definition)
+
+    def sync_models(self, cell: str, engine_ids: list[int]) -> dict:
+        """Give the engines the notebook's state of every Keras model the cell uses (see `model_sync`);
+        returns the bytes sent, {"model_bytes": n, "models": {name: [engine ids]}}."""
+        import pickle
+
+        from . import model_sync
+
+        python = self.shell.transform_cell(cell) if self.shell is not None else cell
+        used = model_sync.models_used(python, self.shell.user_ns) if self.shell is not None else {}
+        sent = {"model_bytes": 0, "models": {}}
+        if not used:
+            return sent
+        cluster = self.require_cluster()
+        states = {name: model_sync.ModelState.of(model) for name, model in used.items()}
+        have = {eid: cluster.client[eid].apply_async(model_sync.digests, list(used)) for eid in engine_ids}
+        have = {eid: ar.get(timeout=DEFINITION_TIMEOUT_S) for eid, ar in have.items()}
+        calls = []
+        for name, state in states.items():
+            digest, blob = state.digest(), None
+            for eid in engine_ids:
+                theirs = have[eid].get(name)
+                if theirs is not None and theirs[1] == digest:
+                    continue
+                if theirs is None or theirs[0] != state.architecture:
+                    blob = blob or pickle.dumps(used[name])
+                    calls.append((eid, cluster.client[eid].apply_async(model_sync.receive, name, blob)))
+                    sent["model_bytes"] += len(blob)
+                else:
+                    calls.append((eid, cluster.client[eid].apply_async(model_sync.install, name, state)))
+                    sent["model_bytes"] += state.nbytes
+                sent["models"].setdefault(name, []).append(eid)
+        for eid, call in calls:
+            self._raise_sync_error(cluster, eid, call)
+        return sent
+
+    @staticmethod
+    def _raise_sync_error(cluster, eid, ar):
+        import ipyparallel as ipp
+
+        try:
+            ar.get(timeout=DEFINITION_TIMEOUT_S)
+        except ipp.error.RemoteError as exc:
+            raise DefinitionFailed(
+                f"the notebook's model could not be given to {cluster.info(eid).label()}: {exc.ename}: {exc.evalue}. "
+                "If it uses layers or losses defined in the notebook, put those in a %%distribute define cell "
+                "(or register them with keras.saving.register_keras_serializable).",
+                runs.user_frames(exc.traceback or "")) from None
 
     @staticmethod
     def _raise_definition_error(cluster, eid, ar, definition):
@@ -132,8 +191,9 @@ class Session:
         workers = self._choose_workers(strategy, cluster, options)
         cluster.refresh(workers)
         self.sync_definitions(workers)
+        sent = self.sync_models(cell, workers)
         run = runs.Run(strategy=strategy.name, options=dict(options), workers=workers, cell=cell,
-                       cell_id=self.current_cell_id)
+                       cell_id=self.current_cell_id, sent=sent)
         self.runs.append(run)
         self.changed("run")
         progress = on_progress(run) if on_progress else None
@@ -195,6 +255,9 @@ class Session:
                   f"{event['after_s']:.1f} s into run {run.id}; the run finished with the other workers.")
         for note in run.notes:
             print(note)
+        for written in (f for fit in run.fits for f in fit.files):
+            print(f"nbdist: {written['callback']} of the cell wrote {written['path']} on host {written['host']} "
+                  "(rank 0's engine; the other workers did not write files).")
         conclude = getattr(run.display, "conclude", None)
         if conclude is not None:
             conclude()
@@ -209,8 +272,12 @@ class Session:
             if result is None:
                 raise OptionError("this cell called fit more times here than it did on the engines; "
                                   "make the number of fit calls deterministic.")
-            return install_result(request.model, result, request.x)
+            return install_result(request.model, result, request.x, request.callbacks)
 
+        if run.options.get("seed") is not None:  # what the cell computes besides fit matches the engines'
+            import keras
+
+            keras.utils.set_random_seed(run.options["seed"])
         with intercept_fit(install):
             outcome = self.shell.run_cell(run.cell, store_history=False)
         if not outcome.success:

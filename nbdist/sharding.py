@@ -1,7 +1,13 @@
-"""Split training data between workers so every worker makes the same number of steps."""
+"""Split training data between workers so every worker makes the same number of steps.
+
+Arrays (and `sample_weight` with them) are split by sample, strided; a tf.data.Dataset by
+batch (`Dataset.shard`); a `keras.utils.PyDataset` by batch index (worker k of N takes
+batches k, k+N, ...); a Python generator by item, the same way.
+"""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from .errors import OptionError
@@ -25,27 +31,35 @@ def _index(data, index):
     return data[index]
 
 
-def split_validation(x, y, fraction: float):
-    """Keras' own validation_split: the last `fraction` of the samples, taken before any shuffling."""
+def split_validation(x, y, fraction: float, sample_weight=None):
+    """Keras' own validation_split: the last `fraction` of the samples, taken before any shuffling.
+
+    Returns ((x, y), (x_val, y_val)), with the sample weights appended to each pair when given.
+    """
     split_at = int(math.ceil(_length(x) * (1 - fraction)))
-    return (_index(x, slice(0, split_at)), _index(y, slice(0, split_at))), \
-           (_index(x, slice(split_at, None)), _index(y, slice(split_at, None)))
+    head, tail = slice(0, split_at), slice(split_at, None)
+    train, validation = (_index(x, head), _index(y, head)), (_index(x, tail), _index(y, tail))
+    if sample_weight is not None:
+        train, validation = (*train, _index(sample_weight, head)), (*validation, _index(sample_weight, tail))
+    return train, validation
 
 
-def shard_arrays(x, y, rank: int, size: int):
+def shard_arrays(x, y, rank: int, size: int, sample_weight=None):
     """Rank `rank`'s strided shard: samples rank, rank+size, ... of the first size*floor(n/size).
 
     Strided shards keep the global batch of step i equal to samples [i*B, (i+1)*B) of the
     unsharded data (B = size * per-worker batch), so unshuffled synchronous training sees
     exactly the batches a single worker with batch B would. Equal shard lengths give every
     rank the same number of steps; at most size-1 samples per epoch are left out.
+    Returns (x, y), or (x, y, sample_weight) when sample weights are given.
     """
     n = _length(x)
     if n < size:
         raise OptionError(f"{n} training samples cannot be shared by {size} workers; use fewer --workers.")
     usable = (n // size) * size
     index = slice(rank, usable, size)
-    return _index(x, index), _index(y, index)
+    shard = (_index(x, index), _index(y, index))
+    return shard if sample_weight is None else (*shard, _index(sample_weight, index))
 
 
 def shard_dataset(dataset, rank: int, size: int, steps: int | None):
@@ -74,27 +88,96 @@ def shard_dataset(dataset, rank: int, size: int, steps: int | None):
     return (shard.repeat() if steps is not None else shard), steps
 
 
-def shard_fit_data(request, rank: int, size: int) -> dict:
-    """The `fit` arguments for one worker: x, y, validation_data and steps_per_epoch of its shard.
+def is_py_dataset(value) -> bool:
+    """A `keras.utils.PyDataset` (without importing Keras)."""
+    return any(cls.__name__ == "PyDataset" for cls in type(value).__mro__)
 
-    `validation_split` is taken before sharding (Keras' own split); the validation data is
-    sharded like the training data.
+
+def is_generator(value) -> bool:
+    import inspect
+
+    return inspect.isgenerator(value)
+
+
+def shard_py_dataset(dataset, rank: int, size: int):
+    """Batches rank, rank+size, ... of `dataset`, as a PyDataset with the user's workers / multiprocessing settings.
+
+    Every rank gets floor(len/size) batches, so all make the same number of steps.
+    """
+    import keras
+
+    batches = len(dataset) // size
+    if batches == 0:
+        raise OptionError(f"the PyDataset has {len(dataset)} batches, fewer than the {size} workers; use fewer "
+                          "--workers or smaller batches.")
+
+    class ShardOfPyDataset(keras.utils.PyDataset):
+        def __init__(self):
+            super().__init__(workers=dataset.workers, use_multiprocessing=dataset.use_multiprocessing,
+                             max_queue_size=dataset.max_queue_size)
+            self.base = dataset
+
+        def __len__(self):
+            return batches
+
+        def __getitem__(self, index):
+            return dataset[index * size + rank]
+
+        def on_epoch_begin(self):
+            dataset.on_epoch_begin()
+
+        def on_epoch_end(self):
+            dataset.on_epoch_end()
+
+    return ShardOfPyDataset()
+
+
+def shard_generator(generator, rank: int, size: int):
+    """Items rank, rank+size, ... of a Python generator (each engine runs its own copy of the cell's)."""
+    return itertools.islice(generator, rank, None, size)
+
+
+def shard_fit_data(request, rank: int, size: int, synchronous: bool = False) -> dict:
+    """The `fit` arguments for one worker: x, y, sample_weight, validation_data and steps_per_epoch of its shard.
+
+    `validation_split` is taken before sharding (Keras' own split, sample weights with it);
+    the validation data is sharded like the training data. `synchronous`: every rank must
+    make the same number of steps (Horovod), so a generator needs steps_per_epoch.
     """
     from .keras_bridge import is_dataset
 
-    x, y, validation = request.x, request.y, request.validation_data
+    x, y, weights, validation = request.x, request.y, request.sample_weight, request.validation_data
     steps = request.steps_per_epoch
     if request.validation_split:
-        if is_dataset(x):
-            raise OptionError("validation_split needs numpy inputs; give validation_data with a tf.data.Dataset.")
-        (x, y), validation = split_validation(x, y, request.validation_split)
+        if is_dataset(x) or is_py_dataset(x) or is_generator(x):
+            raise OptionError("validation_split needs numpy inputs; give validation_data with a tf.data.Dataset, "
+                              "a PyDataset or a generator.")
+        train, validation = split_validation(x, y, request.validation_split, weights)
+        x, y, weights = (*train, None)[:3]
     if is_dataset(x):
         x, steps = shard_dataset(x, rank, size, steps)
+    elif is_py_dataset(x):
+        x = shard_py_dataset(x, rank, size)
+    elif is_generator(x):
+        if synchronous and steps is None:
+            raise OptionError("a Python generator under a synchronous strategy needs steps_per_epoch, so every "
+                              "rank makes the same number of steps; give fit steps_per_epoch=N, or pass a "
+                              "keras.utils.PyDataset (it has a length).")
+        x = shard_generator(x, rank, size)
     else:
-        x, y = shard_arrays(x, y, rank, size)
+        x, y, weights = (*shard_arrays(x, y, rank, size, weights), None)[:3]
     if validation is not None:
-        if is_dataset(validation):
-            validation, _ = shard_dataset(validation, rank, size, None)
-        else:
-            validation = shard_arrays(validation[0], validation[1], rank, size)
-    return {"x": x, "y": y, "validation_data": validation, "validation_split": 0.0, "steps_per_epoch": steps}
+        validation = shard_validation(validation, rank, size)
+    return {"x": x, "y": y, "sample_weight": weights, "validation_data": validation, "validation_split": 0.0,
+            "steps_per_epoch": steps}
+
+
+def shard_validation(validation, rank: int, size: int):
+    """Rank `rank`'s part of `validation_data` (arrays with optional weights, a Dataset or a PyDataset)."""
+    from .keras_bridge import is_dataset
+
+    if is_dataset(validation):
+        return shard_dataset(validation, rank, size, None)[0]
+    if is_py_dataset(validation):
+        return shard_py_dataset(validation, rank, size)
+    return shard_arrays(validation[0], validation[1], rank, size, validation[2] if len(validation) > 2 else None)

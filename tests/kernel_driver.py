@@ -43,6 +43,7 @@ class KernelDriver:
         self.kc = self.km.blocking_client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
+        self.stray: list = []  # shell replies that belonged to no request being collected
 
     def stop(self):
         self.kc.stop_channels()
@@ -82,7 +83,11 @@ class KernelDriver:
                 reply.stdout += content["data"].get("text/plain", "") + "\n"
             elif kind == "status" and content["execution_state"] == "idle":
                 break
-        shell_reply = self.kc.get_shell_msg(timeout=max(1.0, deadline - time.time()))
+        while True:  # the reply to this request (a stray one, from a cell left early, is skipped)
+            shell_reply = self.kc.get_shell_msg(timeout=max(1.0, deadline - time.time()))
+            if shell_reply["parent_header"].get("msg_id") == msg_id:
+                break
+            self.stray.append(shell_reply)
         content = shell_reply["content"]
         reply.status = content["status"]
         if reply.status == "error" and reply.ename is None:  # UsageError: printed, not sent as an error

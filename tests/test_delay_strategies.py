@@ -14,20 +14,24 @@ def pushes(kernel) -> list[dict]:
                         "'dropped')} for r in nbdist.last_run.push_records]")
 
 
-def test_slow_workers_push_stale_gradients_and_ddc_asgd_scales_them_down(kernel, cluster):
+def test_ddc_asgd_scales_each_push_by_its_measured_delay(kernel, cluster):
     idle_engines(cluster, 4)
     cell = SGD_CELL.format(lr=0.05, batch=32, epochs=1, steps=12, shuffle=True)
     kernel.run('%%distribute --strategy ddc-asgd --workers 4 --simulate "speed=1,1,0.5,0.25"\n' + cell,
                timeout=300).check()
     log = pushes(kernel)
-    slow = [p for p in log if p["worker"] in (2, 3)]
-    fast = [p for p in log if p["worker"] in (0, 1)]
-    assert len(slow) == len(fast) == 24
-    assert all(max(p["staleness"] for p in log if p["worker"] == k) > 0 for k in (2, 3))
-    assert all(min(p["gamma"] for p in log if p["worker"] == k) < 1 for k in (2, 3))
-    applied = [p for p in log if p["applied"]]
-    assert all(p["comp_norm"] is not None and 0 <= p["momentum"] <= 0.9 for p in applied)
-    assert min(p["momentum"] for p in applied) < 0.9  # the measured delay took momentum away
+    assert sorted(p["worker"] for p in log) == sorted(list(range(4)) * 12)
+    # whatever order the pushes arrived in, each one's gamma and momentum follow DESIGN.md section 5
+    # from the delays logged before it
+    tau_bar = 0.0
+    for p in log:
+        tau_bar = 0.9 * tau_bar + 0.1 * p["staleness"]
+        assert p["dropped"] == (p["staleness"] > 8 * (tau_bar + 1))
+        if p["applied"]:
+            gamma = min(1.0, max(0.1, (tau_bar + 1) / (p["staleness"] + 1)))
+            assert p["gamma"] == pytest.approx(gamma, abs=1e-6)
+            assert p["momentum"] == pytest.approx(max(0.0, 0.9 - tau_bar / (tau_bar + 1)) * gamma, abs=1e-6)
+            assert p["comp_norm"] is not None
 
 
 def test_ssgd_with_two_workers_equals_one_worker_with_twice_the_batch(kernel):

@@ -34,11 +34,11 @@ def test_unknown_option_prints_usage(kernel):
     assert "--wrokers" in reply.evalue and "Did you mean --workers?" in reply.evalue
 
 
-def test_unsupported_fit_argument_is_refused_by_name(kernel):
-    reply = kernel.run("%%distribute\n" + TRAIN.format(epochs=1).replace("epochs=1", "epochs=1, class_weight={0: 2.0}"),
-                       timeout=180)
+def test_a_fit_argument_the_strategy_cannot_honour_is_refused_by_name(kernel):
+    reply = kernel.run("%%distribute --strategy ashl --workers 2\n"
+                       + TRAIN.format(epochs=1).replace("epochs=1", "epochs=1, steps_per_epoch=3"), timeout=180)
     assert_one_line(reply, "OptionError")
-    assert "class_weight" in reply.evalue and "engine 0" in reply.evalue
+    assert "steps_per_epoch=3" in reply.evalue and "Remove it" in reply.evalue and "engine " in reply.evalue
 
 
 def test_local_refuses_two_workers(kernel):

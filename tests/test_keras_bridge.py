@@ -39,14 +39,14 @@ def test_bind_names_positional_arguments():
 
 @pytest.mark.parametrize("name, value", [("class_weight", {0: 2.0}), ("initial_epoch", 2),
                                          ("sample_weight", np.ones(40)), ("validation_freq", 2)])
-def test_unsupported_argument_refused_by_name(name, value):
-    with pytest.raises(OptionError, match=f"`{name}`.*Received: {name}="):
-        bind_fit_arguments(keras.Model.fit, tiny_model(), DATA, {name: value})
+def test_every_fit_argument_is_bound_and_a_chosen_one_is_noted(name, value):
+    request = bind_fit_arguments(keras.Model.fit, tiny_model(), DATA, {name: value})
+    assert request.args[name] is value and request.given(name)
 
 
-def test_unsupported_argument_at_its_default_is_accepted():
+def test_an_argument_at_its_default_is_not_noted_as_chosen():
     request = bind_fit_arguments(keras.Model.fit, tiny_model(), DATA, {"initial_epoch": 0, "class_weight": None})
-    assert request.epochs == 1
+    assert request.epochs == 1 and not request.given("initial_epoch") and not request.given("class_weight")
 
 
 def test_argument_keras_does_not_know_is_refused():

@@ -135,11 +135,9 @@ def kernel_checkpoint(directory, timeout: float = 60):
     raise AssertionError(f"no checkpoint in {directory} after {timeout} s")
 
 
-def test_optimizers_and_options_nfdt_cannot_honour_are_refused_by_name(kernel):
+def test_options_nfdt_cannot_honour_are_refused_by_name(kernel):
     rmsprop = SGD_CELL.format(lr=0.1, batch=32, epochs=1, steps=2, shuffle=False).replace(
         "keras.optimizers.SGD(0.1)", "keras.optimizers.RMSprop()")
-    reply = kernel.run("%%distribute --strategy nfdt --workers 1\n" + rmsprop, timeout=120)
-    assert reply.ename == "OptionError" and "optimizer=RMSprop" in reply.evalue, reply.error_text
     reply = kernel.run("%%distribute --strategy nfdt --max-staleness -1\n" + rmsprop)
     assert reply.ename == "OptionError" and "--max-staleness takes a number of at least 0" in reply.evalue
     reply = kernel.run("%%distribute --strategy hfdt --ps-shards 2\n" + rmsprop)

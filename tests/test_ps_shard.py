@@ -142,7 +142,7 @@ def test_adam_follows_the_update_count_and_momentum_state_is_kept():
     push(shard, 0, 1)
     # heavy ball: v1 = -0.1, v2 = 0.9 * -0.1 - 0.1 = -0.19; w = w0 - 0.29
     np.testing.assert_allclose(shard.variables["dense/bias"], -0.29, rtol=1e-6)
-    np.testing.assert_allclose(shard.updater.slots["dense/bias"]["m"], -0.19, rtol=1e-6)
+    np.testing.assert_allclose(shard.updater.slots["dense/bias"]["momentum"], -0.19, rtol=1e-6)
 
 
 # -- a real shard process, real sockets ---------------------------------------------------

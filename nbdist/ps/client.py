@@ -65,41 +65,42 @@ class PsClient:
         return socket
 
     def request(self, kind: str, per_shard: list[dict] | None = None, fields_per_shard: list[dict] | None = None,
-                **fields) -> list[wire.Message]:
-        """Send `kind` to every shard (arrays `per_shard[i]`, header fields `fields_per_shard[i]` and
-        `fields` to shard i) and wait for every answer."""
+                only: int | None = None, **fields) -> list[wire.Message]:
+        """Send `kind` to every shard (or to shard `only`) with arrays `per_shard[i]`, header fields
+        `fields_per_shard[i]` and `fields`, and wait for every answer."""
         started = time.time()
-        for i, socket in enumerate(self.sockets):
+        targets = range(len(self.sockets)) if only is None else [only]
+        for i in targets:
             own = fields_per_shard[i] if fields_per_shard else {}
             frames = wire.encode(self.key, kind, per_shard[i] if per_shard else None, worker=self.worker,
                                  **fields, **own)
             self.bytes_sent += sum(len(f) for f in frames)
-            socket.send_multipart(frames, copy=len(frames) < 3)
-        replies: list = [None] * len(self.sockets)
+            self.sockets[i].send_multipart(frames, copy=len(frames) < 3)
+        replies: dict[int, wire.Message | None] = {i: None for i in targets}
         poller = zmq.Poller()
-        for socket in self.sockets:
-            poller.register(socket, zmq.POLLIN)
-        while any(r is None for r in replies):
+        for i in targets:
+            poller.register(self.sockets[i], zmq.POLLIN)
+        while any(r is None for r in replies.values()):
             ready = dict(poller.poll(250))
-            for i, socket in enumerate(self.sockets):
-                if ready.get(socket):
-                    frames = socket.recv_multipart(copy=False)
+            for i in targets:
+                if ready.get(self.sockets[i]):
+                    frames = self.sockets[i].recv_multipart(copy=False)
                     self.bytes_received += sum(len(f) for f in frames)
                     replies[i] = wire.decode(self.key, frames)
                     self.last_answer[i] = time.time()
             self._check_alive(replies)
         self.comm_s += time.time() - started
-        for i, message in enumerate(replies):  # only once every shard answered: no reply is left queued
+        for i, message in replies.items():  # only once every shard answered: no reply is left queued
             if message.kind in ("rejected", "error"):
                 header = message.header
                 raise PsRefused(f"parameter-server shard {i} refused the {kind}: "
                                 f"{header.get('detail') or header.get('message') or header.get('reason')}",
                                 header.get("reason", "error"))
-        return replies
+        return list(replies.values())
 
-    def _check_alive(self, replies) -> None:
+    def _check_alive(self, replies: dict) -> None:
         now = time.time()
-        for i, reply in enumerate(replies):
+        for i, reply in replies.items():
             if reply is None and now - self.last_answer[i] > self.ps_timeout_s:
                 raise PsUnavailable(f"parameter-server shard {i} at {self.addresses[i]} has not answered for "
                                     f"{now - self.last_answer[i]:.0f} s; its process died or its host is unreachable.")

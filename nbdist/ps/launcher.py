@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 
+from .. import lifeline
 from ..errors import ClusterError
 
 START_TIMEOUT_S = 60
@@ -19,7 +20,8 @@ def start_shard(config: dict, key: bytes, log_path: str | None = None) -> dict:
     """Start one shard process on this host; return {"pid", "port", "host"} once it listens.
 
     Also the function an engine runs for ``--ps-on engines``: the shard is then a child of
-    the engine and exits when the engine does.
+    the engine and exits when the engine does. A shard exits by itself within a second of its
+    parent's death (it watches its parent pid); in the kernel, the cluster's lifeline also kills it.
     """
     import socket
 
@@ -34,6 +36,7 @@ def start_shard(config: dict, key: bytes, log_path: str | None = None) -> dict:
         raise ClusterError(f"parameter-server shard {config.get('shard')} did not start on {socket.gethostname()} "
                            f"(said {line!r}; log: {log_path or 'none'})")
     _started_here[process.pid] = process
+    lifeline.track(process.pid)
     return {"pid": process.pid, "port": int(line.split()[1]), "host": socket.gethostname()}
 
 
@@ -61,6 +64,7 @@ def stop_shard(pid: int, timeout: float = 5.0) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout)
+    lifeline.untrack(pid)
 
 
 def bind_address_towards(address: str) -> str:

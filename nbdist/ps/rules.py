@@ -1,8 +1,11 @@
 """Optimizer update rules as pure functions on numpy arrays (in place), matching Keras 3's.
 
-The parameter server applies the user's compiled optimizer with these: the same
-hyper-parameters, the same arithmetic as `keras.optimizers.SGD` / `Adam`. Any other
-optimizer, or an option these do not implement, is refused by name.
+The parameter server applies the user's compiled optimizer. For plain SGD (momentum,
+Nesterov) and Adam it uses these numpy rules: the same hyper-parameters and the same
+arithmetic as `keras.optimizers.SGD` / `Adam`, and faster per update than calling Keras
+(docs/benchmarks.md, ps_bandwidth.py). Every other optimizer, or one of these with an
+option the numpy rules do not implement (weight decay, clipping, EMA, amsgrad), is applied
+by Keras itself on the shard (`nbdist.ps.keras_updater`), rebuilt from its config.
 """
 
 from __future__ import annotations
@@ -17,14 +20,16 @@ from ..errors import OptionError
 
 CHUNK = 1 << 16  # elements per step of a large update
 
-_UNSUPPORTED_OPTIONS = ("weight_decay", "clipnorm", "clipvalue", "global_clipnorm", "use_ema")
+_NUMPY_UNSUPPORTED = ("weight_decay", "clipnorm", "clipvalue", "global_clipnorm", "use_ema")
+NUMPY_RULES = ("SGD", "Adam")
+KERAS = "keras"  # OptimizerSpec.name of an optimizer Keras applies on the shard
 
 
 @dataclass
 class OptimizerSpec:
-    """The hyper-parameters of the user's optimizer, as plain values the PS can use."""
+    """The user's optimizer as the PS receives it: plain values for the numpy rules, and its Keras config."""
 
-    name: str
+    name: str  # SGD or Adam (numpy rules), or KERAS
     learning_rate: float
     momentum: float = 0.0
     nesterov: bool = False
@@ -32,34 +37,44 @@ class OptimizerSpec:
     beta_2: float = 0.999
     epsilon: float = 1e-7
     schedule: dict | None = None  # a Keras LearningRateSchedule, serialised; followed by update count
+    keras: dict | None = None  # keras.optimizers.serialize(optimizer): what the Keras path rebuilds
+    kind: str = ""  # the optimizer's class name, for messages
 
 
 def spec_from_keras(optimizer) -> OptimizerSpec:
-    """Read SGD (momentum, Nesterov) or Adam from a compiled Keras optimizer; refuse the rest by name."""
+    """The PS's description of a compiled Keras optimizer; refuses what cannot travel, by name."""
+    import keras
+
     kind = type(optimizer).__name__
-    if kind not in ("SGD", "Adam"):
-        raise OptionError(f"the parameter server applies SGD (with momentum / Nesterov) and Adam. Received: "
-                          f"optimizer={kind}. Compile with keras.optimizers.SGD or Adam, or use --strategy hfdt.")
-    for option in _UNSUPPORTED_OPTIONS:
-        value = getattr(optimizer, option, None)
-        if value not in (None, False, 0, 0.0):
-            raise OptionError(f"the parameter server does not implement `{option}`. Received: {option}={value!r}.")
-    if kind == "Adam" and getattr(optimizer, "amsgrad", False):
-        raise OptionError("the parameter server does not implement Adam's `amsgrad`. Received: amsgrad=True.")
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise OptionError("the parameter server does not apply a LossScaleOptimizer (mixed precision, "
+                          "keras.mixed_precision.set_global_policy('mixed_float16')). Received: "
+                          f"optimizer={kind}. Use --strategy hfdt or local for mixed precision, or the "
+                          "float32 policy with the parameter-server strategies.")
     lr, schedule = _learning_rate_of(optimizer)
+    config = keras.optimizers.serialize(optimizer)
+    numpy_ok = kind in NUMPY_RULES and not getattr(optimizer, "amsgrad", False) and all(
+        getattr(optimizer, option, None) in (None, False, 0, 0.0) for option in _NUMPY_UNSUPPORTED)
+    if not numpy_ok:
+        return OptimizerSpec(KERAS, lr, momentum=float(getattr(optimizer, "momentum", 0.0) or 0.0),
+                             schedule=schedule, keras=config, kind=kind)
     if kind == "SGD":
         return OptimizerSpec("SGD", lr, momentum=float(optimizer.momentum), nesterov=bool(optimizer.nesterov),
-                             schedule=schedule)
+                             schedule=schedule, keras=config, kind=kind)
     return OptimizerSpec("Adam", lr, beta_1=float(optimizer.beta_1), beta_2=float(optimizer.beta_2),
-                         epsilon=float(optimizer.epsilon), schedule=schedule)
+                         epsilon=float(optimizer.epsilon), schedule=schedule, keras=config, kind=kind)
 
 
 def _learning_rate_of(optimizer) -> tuple[float, dict | None]:
     import keras
 
+    from ..learning_rate import schedule_of, unscaled
+
+    schedule = schedule_of(optimizer)
+    if schedule is not None:
+        schedule = unscaled(schedule)
+        return float(schedule(0)), keras.saving.serialize_keras_object(schedule)
     value = getattr(optimizer, "_learning_rate", None)
-    if isinstance(value, keras.optimizers.schedules.LearningRateSchedule):
-        return float(value(0)), keras.saving.serialize_keras_object(value)
     if callable(value) and not hasattr(value, "numpy"):
         raise OptionError("the parameter server follows a constant learning rate or a "
                           "keras.optimizers.schedules.LearningRateSchedule; a plain callable cannot be sent to it.")
@@ -81,10 +96,10 @@ def _schedule(serialised: str):
 
 
 def new_state(spec: OptimizerSpec, shape, dtype=np.float32) -> dict[str, np.ndarray]:
-    """The per-variable slots the rule keeps (momentum; Adam's first and second moments)."""
+    """The per-variable slots the rule keeps, named as Keras names them (momentum; Adam's velocity)."""
     if spec.name == "SGD":
-        return {"m": np.zeros(shape, dtype)} if spec.momentum else {}
-    return {"m": np.zeros(shape, dtype), "v": np.zeros(shape, dtype)}
+        return {"momentum": np.zeros(shape, dtype)} if spec.momentum else {}
+    return {"momentum": np.zeros(shape, dtype), "velocity": np.zeros(shape, dtype)}
 
 
 def apply(spec: OptimizerSpec, w: np.ndarray, g: np.ndarray, state: dict, lr: float, step: int) -> None:
@@ -116,7 +131,7 @@ def _sgd(spec, w, g, state, lr, step):
     if not spec.momentum:
         w -= lr * g
         return
-    m = state["m"]
+    m = state["momentum"]
     m *= spec.momentum
     m -= lr * g
     if spec.nesterov:
@@ -128,7 +143,7 @@ def _sgd(spec, w, g, state, lr, step):
 def _adam(spec, w, g, state, lr, step):
     t = step + 1
     alpha = lr * np.sqrt(1 - spec.beta_2 ** t) / (1 - spec.beta_1 ** t)
-    m, v = state["m"], state["v"]
+    m, v = state["momentum"], state["velocity"]
     m += (g - m) * (1 - spec.beta_1)
     v += (g * g - v) * (1 - spec.beta_2)
     w -= (alpha * m / (np.sqrt(v) + spec.epsilon)).astype(w.dtype, copy=False)

@@ -25,6 +25,7 @@ import numpy as np
 from . import rules, wire
 from .compression import decode_push
 from .coordination import Coordination
+from ..optimizer_state import ITERATIONS
 from .updaters import make_updater
 
 HEARTBEAT_TIMEOUT_S = 5.0
@@ -33,7 +34,7 @@ LOG_LIMIT = 500_000  # push-log entries kept; past it the log stops growing (cou
 CONTROLLER = "controller"
 CONTROLLER_KINDS = {"state", "stats", "restore", "stop", "heartbeat", "control"}
 CONTROL_ACTIONS = ("pause", "resume", "stop", "lr_scale", "max_staleness", "evict", "allocate", "switch_phase")
-HELD_KINDS = ("pull", "push", "done", "turn", "profile")  # answered when their condition holds
+HELD_KINDS = ("pull", "push", "done", "turn", "profile", "epoch")  # answered when their condition holds
 LOG_FIELDS = ("t", "worker", "step", "version", "staleness", "outcome", "lead", "gamma", "momentum", "comp_norm",
               "lr")
 
@@ -57,6 +58,7 @@ class Shard:
         self.rule: dict | None = config.get("rule")  # None: the cell's optimizer; see updaters.make_updater
         self.synchronous: bool = bool(config.get("synchronous"))  # ssgd: one averaged update per round
         self.momentum: float | None = config.get("momentum")
+        self.optimizer_backend: str = config.get("optimizer_backend", "auto")  # "keras": never the numpy rules
         self.heartbeat_timeout_s: float = config.get("heartbeat_timeout_s", HEARTBEAT_TIMEOUT_S)
         self.max_bytes: int = config.get("max_bytes", wire.DEFAULT_MAX_BYTES)
         self.workers = {k: WorkerState() for k in range(config["workers"])}
@@ -74,9 +76,12 @@ class Shard:
         self.in_flight: dict[int, tuple] = {}  # id(array) -> (array, zmq trackers of the replies sending it)
         self.waiting: list[tuple[bytes, wire.Message]] = []  # held pulls, pushes and dones, in arrival order
         self.held_replies: list[tuple[bytes, int, int]] = []  # (ident, worker, pushed) under s = 0
+        self.epoch_logs: dict[int, dict[int, dict]] = {}  # epoch -> worker -> its epoch-end logs
+        self.at_barrier: set[int] = set()  # workers waiting for the others' epoch-end logs
         self.round: dict[int, tuple] = {}  # ssgd: worker -> (ident, step, gradients, batch) of this round
         self.round_arrived: dict[int, float] = {}  # ... and when each push arrived (its wait is not communication)
         self.stopping = False
+        self.finalized = False  # the end-of-fit finalisation (EMA) was done
         self.paused = False  # control: hold every pull and push, so the version stands still
         self.finishing = False  # control: graceful stop, every push reply tells its worker to end its fit
         self.lr_scale = 1.0
@@ -138,8 +143,19 @@ class Shard:
         if kind == "done":
             self.workers[worker].done = True
             self._end_laggards()
+        if kind == "epoch":
+            self._post_epoch(worker, message.header)
+        if kind == "learning_rate":
+            value = message.header.get("value")
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise wire.Rejected("malformed", f"a learning rate is a positive number, not {value!r}")
+            if self.initialised:
+                self.updater.set_learning_rate(float(value))
+            self.events.append({"t": time.time(), "event": "learning_rate", "value": float(value)})
+            return [(ident, "ok", None, {})]
         if kind == "pull":  # the start of a (next) fit call
             self.workers[worker].done = False
+            self.finalized = False
             if self.finishing == "laggards":
                 self.finishing = False
         if kind in HELD_KINDS:
@@ -172,6 +188,27 @@ class Shard:
         except ValueError as exc:
             raise wire.Rejected("malformed", f"compressed push: {exc}") from None
 
+    def _post_epoch(self, worker: int, header: dict) -> None:
+        epoch, logs = header.get("epoch"), header.get("logs")
+        if not isinstance(epoch, int) or not isinstance(logs, dict) or \
+                not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in logs.values()):
+            raise wire.Rejected("malformed", "an epoch message carries an int epoch and numeric logs")
+        self.epoch_logs.setdefault(epoch, {})[worker] = logs
+        self.at_barrier.add(worker)
+
+    def _agreed_epoch(self, worker: int, epoch: int) -> dict | None:
+        """The reply fields (the mean of every worker's logs for `epoch`) once every live worker has posted them."""
+        posted = self.epoch_logs.get(epoch, {})
+        if any(k not in posted for k in self.live()):
+            return None
+        self.at_barrier.discard(worker)
+        keys = sorted({k for logs in posted.values() for k in logs})
+        mean = {k: sum(logs[k] for logs in posted.values() if k in logs) / sum(k in logs for logs in posted.values())
+                for k in keys}
+        for old in [e for e in self.epoch_logs if e < epoch - 1]:
+            del self.epoch_logs[old]
+        return {"logs": mean, "workers": sorted(posted)}
+
     def _coordinate(self, worker: int, message: wire.Message) -> None:
         if self.coordination is None:
             raise wire.Rejected("malformed", f"{message.kind} is for --strategy ashl; this run is not one")
@@ -201,14 +238,18 @@ class Shard:
                                                   f"this model has {sorted(names)[:3]}...; the model changed "
                                                   "between fit calls of one run"}
             return "ok", None, {"version": self.version, "kept": True}
+        # the notebook optimizer's slots for these variables ("<name>:<slot>"), when it has state
+        saved = {n: a for n, a in message.arrays.items() if n.rsplit(":", 1)[0] in trainable}
+        iterations = int(message.header.get("iterations") or 0)
         source = message.arrays
         if self.restored is not None:
-            source = self.restored["arrays"]
+            source = saved = self.restored["arrays"]
             missing = [n for n in names if n not in source]
             if missing:
                 return "error", None, {"message": f"the checkpoint has no variable(s) {missing[:3]}; it was "
                                                   "saved from another model"}
             self.version = self.restored["version"]
+            iterations = int(np.asarray(saved.get(ITERATIONS, self.version)))
         self.spec = rules.OptimizerSpec(**message.header["optimizer"])
         if self.momentum is not None:  # --momentum overrides the cell's (asgd:momentum=0 in comparisons)
             self.spec = replace(self.spec, momentum=float(self.momentum))
@@ -218,12 +259,12 @@ class Shard:
                 return "error", None, {"message": f"checkpoint {name} has shape {value.shape}, the model "
                                                   f"{message.arrays[name].shape}"}
             self.variables[name] = value
-        self.updater = make_updater(self.rule, self.spec, self.variables,
-                                    self.restored["arrays"] if self.restored is not None else {})
-        self.frozen = {k: np.array(v) for k, v in message.arrays.items() if k not in self.variables}
+        self.updater = make_updater(self.rule, self.spec, self.variables, saved, iterations, self.optimizer_backend)
+        self.frozen = {k: np.array(v) for k, v in message.arrays.items()
+                       if k not in self.variables and k not in saved}
         self.layout = message.header.get("layout") or []
         self.events.append({"t": time.time(), "event": "init", "version": self.version,
-                            "resumed": self.restored is not None})
+                            "resumed": self.restored is not None, "iterations": iterations})
         return "ok", None, {"version": self.version, "kept": False}
 
     def release(self) -> list:
@@ -287,7 +328,8 @@ class Shard:
             raise wire.Rejected("malformed", "switch_phase is for --strategy ashl")
         self.synchronous, self.max_staleness = True, None
         if self.initialised:
-            self.updater = make_updater(None, self.spec, self.variables, {})
+            self.updater = make_updater(None, self.spec, self.variables, {}, getattr(self.updater, "iterations", 0),
+                                        self.optimizer_backend)
 
     def control_state(self) -> dict:
         return {"paused": self.paused, "finishing": self.finishing, "lr_scale": self.lr_scale,
@@ -307,11 +349,19 @@ class Shard:
                 return None
             return [(ident, "weights", self._weights_for(worker), {"version": self.version})]
         if message.kind == "done":  # the end-of-fit barrier: answered once no live worker is still training
-            return None if self.live() else [(ident, "weights", self._weights_for(worker), {"version": self.version})]
+            if self.live():
+                return None
+            if not self.finalized and hasattr(self.updater, "finalize"):  # EMA: the averages become the weights
+                self.updater.finalize({n: self._unshared(self.variables, n) for n in self.variables})
+            self.finalized = True
+            return [(ident, "weights", self._weights_for(worker), {"version": self.version})]
         if message.kind == "turn":
             return [(ident, "ok", None, {})] if self.coordination.turn_ready(worker, self.live()) else None
         if message.kind == "profile":
             return [(ident, "ok", None, self._coordination_reply())] if self.coordination.allocation else None
+        if message.kind == "epoch":
+            agreed = self._agreed_epoch(worker, message.header["epoch"])
+            return None if agreed is None else [(ident, "ok", None, agreed)]
         return self._try_push(ident, worker, message)
 
     def _weights_for(self, worker: int) -> dict:
@@ -399,8 +449,9 @@ class Shard:
                                           "their current batch"})
 
     def _pacers(self) -> list[int]:
-        """The live workers a synchronous round waits for: those with the shortest push period."""
-        live = self.live()
+        """The live workers a synchronous round waits for: those with the shortest push period (a worker
+        waiting at the epoch's end pushes nothing more this epoch)."""
+        live = [k for k in self.live() if k not in self.at_barrier]
         periods = (self.coordination.allocation or {}).get("periods") if self.coordination is not None else None
         if not periods or not live:
             return live

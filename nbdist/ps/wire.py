@@ -61,7 +61,9 @@ def encode(key: bytes, kind: str, arrays: dict[str, np.ndarray] | None = None, *
     buffer_key = _buffer_key(key, nonce) if arrays else b""
     buffers, specs = [], []
     for name, array in (arrays or {}).items():
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array)
+        if not array.flags.c_contiguous:  # (np.ascontiguousarray would also turn a 0-d array into 1-d)
+            array = np.ascontiguousarray(array)
         if array.dtype.name not in ALLOWED_DTYPES:
             raise ValueError(f"array {name!r} has dtype {array.dtype}; the wire carries {sorted(ALLOWED_DTYPES)}")
         buffer = memoryview(array).cast("B")

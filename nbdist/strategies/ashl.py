@@ -23,9 +23,9 @@ from ..ashl.profiling import profile_compute
 from ..ashl.report import decisions, profile_table
 from ..errors import OptionError
 from ..hetero import Profile
-from ..keras_bridge import is_dataset
+from ..keras_bridge import is_dataset, short
 from ..ps.compression import PushCompressor
-from ..sharding import shard_arrays, split_validation
+from ..sharding import is_generator, is_py_dataset, shard_validation, split_validation
 from .asgd import DdcAsgdStrategy
 from .nfdt import NfdtWorker, PushPull
 
@@ -40,7 +40,7 @@ class ProportionalBatches:
     workers' batches of an epoch cover the data once between them whatever the allocation.
     """
 
-    def __init__(self, x, y, rank: int, batches: list[int], seed: int):
+    def __init__(self, x, y, rank: int, batches: list[int], seed: int, sample_weight=None):
         import keras
 
         class _Dataset(keras.utils.PyDataset):
@@ -53,7 +53,7 @@ class ProportionalBatches:
             def on_epoch_end(inner):
                 self.new_epoch()
 
-        self.x, self.y, self.rank, self.seed = x, y, rank, seed
+        self.x, self.y, self.rank, self.seed, self.sample_weight = x, y, rank, seed, sample_weight
         self.epoch = 0
         self.order = np.arange(len(x))
         self.set_batches(batches)
@@ -74,7 +74,9 @@ class ProportionalBatches:
         sizes, order = self.batches, self.order  # one read of each: another thread may replace them
         start = k * sum(sizes) + sum(sizes[:self.rank])
         index = np.sort(order[start:start + sizes[self.rank]])
-        return self.x[index], self.y[index]
+        if self.sample_weight is None:
+            return self.x[index], self.y[index]
+        return self.x[index], self.y[index], self.sample_weight[index]
 
     def new_epoch(self) -> None:
         self.epoch += 1
@@ -85,33 +87,37 @@ class AshlWorker(NfdtWorker):
     """Profiles, waits for its allocation, trains its share through the PS, reports its step times."""
 
     def fit_data(self, request) -> dict:
-        if is_dataset(request.x):
+        if is_dataset(request.x) or is_py_dataset(request.x) or is_generator(request.x):
             raise OptionError("--strategy ashl re-batches the training data by each worker's speed and needs numpy "
-                              "arrays for x and y; a tf.data.Dataset cannot be re-batched. Pass arrays, or use "
-                              "--strategy ddc-asgd.")
+                              f"arrays for x and y. Received: x={short(request.x)}. Pass arrays, or use "
+                              "--strategy ddc-asgd, which takes a tf.data.Dataset, a PyDataset or a generator.")
         if request.steps_per_epoch:
-            raise OptionError("--strategy ashl sets the steps of an epoch itself (samples / global batch); "
-                              "remove steps_per_epoch.")
-        x, y, validation = request.x, request.y, request.validation_data
+            raise OptionError("--strategy ashl sets the steps of an epoch itself (samples / global batch). Received: "
+                              f"steps_per_epoch={request.steps_per_epoch}. Remove it.")
+        x, y, weights, validation = request.x, request.y, request.sample_weight, request.validation_data
         if request.validation_split:
-            (x, y), validation = split_validation(x, y, request.validation_split)
-        if validation is not None and not is_dataset(validation):
-            validation = shard_arrays(validation[0], validation[1], self.rank, self.size)
-        return {"x": x, "y": y, "validation_data": validation, "validation_split": 0.0, "steps_per_epoch": None}
+            train, validation = split_validation(x, y, request.validation_split, weights)
+            x, y, weights = (*train, None)[:3]
+        if validation is not None:
+            validation = shard_validation(validation, self.rank, self.size)
+        return {"x": x, "y": y, "sample_weight": weights, "validation_data": validation, "validation_split": 0.0,
+                "steps_per_epoch": None}
 
     def train(self, request, step: PushPull, data: dict, callbacks: list):
         x, y = np.asarray(data["x"]), np.asarray(data["y"])
         b0 = request.samples_per_step
         allocation = self._profile_and_wait(step, request.model, x, y, b0)
-        batches = ProportionalBatches(x, y, self.rank, allocation["batches"], seed=self.spec.get("seed") or 0)
+        weights = None if data["sample_weight"] is None else np.asarray(data["sample_weight"])
+        batches = ProportionalBatches(x, y, self.rank, allocation["batches"], seed=self.spec.get("seed") or 0,
+                                      sample_weight=weights)
         _follow(step, batches, allocation, self.rank)
         step.compressor = PushCompressor()
         step.phase = "ahl"
         step.after_exchange = Reports(step, batches, allocation)
         reporter = self.make_reporter(lambda: batches.size, extra=step.metrics)
-        return request.run_plain(x=batches.dataset, y=None, batch_size=None,
+        return request.run_plain(x=batches.dataset, y=None, batch_size=None, sample_weight=None,
                                  callbacks=[*callbacks, reporter], verbose=0,
-                                 **{k: v for k, v in data.items() if k not in ("x", "y")})
+                                 **{k: v for k, v in data.items() if k not in ("x", "y", "sample_weight")})
 
     def _profile_and_wait(self, step: PushPull, model, x, y, b0: int) -> dict:
         simulated = Profile(**self.simulated) if self.simulated else None

@@ -46,10 +46,21 @@ class Worker:
         self.options: dict = spec["options"]
         self.config: dict = spec.get("config", {})
         self.make_reporter = reporter_factory
+        self.callback_changes: list[dict] = []
+        self.files_written: list[dict] = []
 
     def fit(self, request):
         """Train `request.model` as the strategy says; return the Keras `History`."""
         raise NotImplementedError
+
+    def user_callbacks(self, request) -> list:
+        """The cell's callbacks this rank runs: all on rank 0, the file writers nowhere else
+        (see `nbdist.callbacks`); what changed for this rank is undone when their state is collected."""
+        from .. import callbacks
+
+        kept, self.callback_changes = callbacks.for_rank(request.callbacks, self.rank, self.size)
+        self.files_written = callbacks.files_written(kept) if self.rank == 0 else []
+        return kept
 
     def cell_context(self):
         """A context the whole training cell runs in (device placement, say); none by default."""

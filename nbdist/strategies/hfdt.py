@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from ..errors import ClusterError, OptionError
+from ..errors import ClusterError
 from ..hetero import Slowdown, parse_simulate
 from ..keras_bridge import build_for_training
 from ..rendezvous import Rendezvous, host_plan, rendezvous_address, require_horovod
@@ -45,14 +45,16 @@ class HfdtWorker(Worker):
         model, optimizer = request.model, request.model.optimizer
         original_apply = optimizer.apply_gradients
         try:
-            data = shard_fit_data(request, self.rank, self.size)
+            data = shard_fit_data(request, self.rank, self.size, synchronous=True)
             build_for_training(model, data["x"])
             _broadcast_from_rank0(hvd, list(model.variables) + list(optimizer.variables))
             optimizer.apply_gradients = _allreduced(hvd, original_apply, self.options.get("compression"))
             model.jit_compile = False  # XLA cannot compile Horovod's ops
             model.train_function = None  # retrace with the allreduce in the step
+            user = self.user_callbacks(request)
+            restored = [_rank0_restore(hvd, model)] if any(type(c).__name__ == "BackupAndRestore" for c in user) else []
             callbacks = [_epoch_log_averager(hvd), *self._lr_callbacks(optimizer), *self._simulation(model),
-                         *list(request.callbacks or []), self.make_reporter(request.samples_per_step)]
+                         *user, *restored, self.make_reporter(request.samples_per_step)]
             return request.run_plain(callbacks=callbacks, verbose=0, **data)
         finally:
             optimizer.apply_gradients = original_apply
@@ -110,11 +112,6 @@ class HfdtWorker(Worker):
     def _lr_callbacks(self, optimizer) -> list:
         if self.options.get("scale_lr", "linear") == "none" or self.size == 1:
             return []
-        import keras
-
-        if isinstance(getattr(optimizer, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule):
-            raise OptionError("nbdist does not scale a learning-rate schedule; use --scale-lr none "
-                              "(and scale the schedule by the number of workers yourself).")
         return [_lr_scaler(optimizer, self.size, float(self.options.get("warmup_epochs") or 0))]
 
 
@@ -178,42 +175,59 @@ def _allreduced(hvd, apply_gradients, compression: str | None):
 
 
 def _epoch_log_averager(hvd):
-    """Averages every epoch-end metric (train and validation) over ranks, before History records it."""
+    """Averages every epoch-end metric (train and validation) over ranks, before History records it.
+
+    Rank 0's metric names are the ones averaged (a rank whose model was compiled at another time may
+    log a stale extra metric; it is left out, and a rank missing one does not count for it)."""
     import keras
+    import numpy as np
     import tensorflow as tf
 
     class EpochLogAverager(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
-            keys = sorted(k for k, v in (logs or {}).items() if isinstance(v, (int, float)))
+            mine = {k: float(v) for k, v in (logs or {}).items() if isinstance(v, (int, float, np.floating))}
+            keys = hvd.broadcast_object(sorted(mine), root_rank=0, name=f"nbdist_epoch_keys_{epoch}")
             if not keys:
                 return
-            values = hvd.allreduce(tf.constant([float(logs[k]) for k in keys], tf.float64), op=hvd.Average,
-                                   name=f"nbdist_epoch_logs_{epoch}")
-            logs.update(zip(keys, (float(v) for v in values.numpy())))
+            values = [mine.get(k, 0.0) for k in keys] + [float(k in mine) for k in keys]
+            sums = hvd.allreduce(tf.constant(values, tf.float64), op=hvd.Sum,
+                                 name=f"nbdist_epoch_logs_{epoch}").numpy()
+            counts = sums[len(keys):]
+            logs.update({k: float(sums[i] / counts[i]) for i, k in enumerate(keys) if counts[i] > 0})
 
     return EpochLogAverager()
 
 
 def _lr_scaler(optimizer, factor: int, warmup_epochs: float):
-    """Linear scaling (lr x workers), ramped up over `warmup_epochs` (Goyal et al. 2017); restored at the end."""
+    """Linear scaling (lr x workers), ramped up over `warmup_epochs` (Goyal et al. 2017); the user's own
+    learning rate (a constant or a schedule) is back in place at the end."""
     import keras
+
+    from ..learning_rate import scaled, schedule_of
 
     class LearningRateScaler(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
-            self.base = float(optimizer.learning_rate)
+            self.schedule = schedule_of(optimizer)
             self.epoch = 0
-            self._set(0, 0)
+            if self.schedule is not None:  # the schedule itself is scaled, its warm-up counted in steps
+                steps = (self.params or {}).get("steps") or 1
+                optimizer.learning_rate = scaled(self.schedule, factor, int(round(warmup_epochs * steps)),
+                                                 int(optimizer.iterations.numpy()))
+            else:
+                self.base = float(optimizer.learning_rate)
+                self._set(0, 0)
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
-            self._set(epoch, 0)
+            if self.schedule is None:
+                self._set(epoch, 0)
 
         def on_train_batch_begin(self, batch, logs=None):
-            if warmup_epochs > 0 and self.epoch < warmup_epochs:
+            if self.schedule is None and warmup_epochs > 0 and self.epoch < warmup_epochs:
                 self._set(self.epoch, batch)
 
         def on_train_end(self, logs=None):
-            optimizer.learning_rate = self.base
+            optimizer.learning_rate = self.schedule if self.schedule is not None else self.base
 
         def _set(self, epoch, batch):
             steps = (self.params or {}).get("steps") or 1
@@ -221,6 +235,23 @@ def _lr_scaler(optimizer, factor: int, warmup_epochs: float):
             optimizer.learning_rate = self.base * (1 + (factor - 1) * progress)
 
     return LearningRateScaler()
+
+
+def _rank0_restore(hvd, model):
+    """BackupAndRestore runs on rank 0 only (it writes files): what it restored at the start, the weights,
+    optimizer state and the epoch to resume from, goes to every rank, so all ranks make the same steps."""
+    import keras
+    import tensorflow as tf
+
+    class RankZeroRestore(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            _broadcast_from_rank0(hvd, list(model.variables) + list(model.optimizer.variables))
+            # Keras resumes from the private `_initial_epoch` that BackupAndRestore sets
+            epoch = hvd.broadcast(tf.constant(int(model._initial_epoch or 0), tf.int64), root_rank=0,
+                                  name="nbdist_initial_epoch")
+            model._initial_epoch = int(epoch.numpy()) or None
+
+    return RankZeroRestore()
 
 
 class HfdtStrategy(Strategy):

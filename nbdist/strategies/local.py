@@ -8,7 +8,7 @@ from .base import Strategy, Worker
 class LocalWorker(Worker):
     def fit(self, request):
         reporter = self.make_reporter(request.samples_per_step)
-        return request.run_plain(callbacks=list(request.callbacks or []) + [reporter], verbose=0)
+        return request.run_plain(callbacks=[*self.user_callbacks(request), reporter], verbose=0)
 
 
 class LocalStrategy(Strategy):

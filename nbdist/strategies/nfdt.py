@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import NbdistError, OptionError, ParameterServerFailed
 from ..hetero import Slowdown, parse_simulate
 from ..keras_bridge import build_for_training
+from .. import optimizer_state
 from ..ps import checkpoint, delay, rules
 from ..ps.client import PsClient, PsRefused, merged
 from ..ps.partition import partition
@@ -210,13 +211,11 @@ def _split(arrays: dict, shard_of: dict[str, int], shards: int) -> list[dict]:
 class NfdtWorker(Worker):
     """One asynchronous worker: trains its shard with Keras' `fit`, the PS applies the updates."""
 
+    uses_ps_optimizer = True  # the PS applies the cell's optimizer (ADSP's workers apply their own)
+
     def fit(self, request):
         model, optimizer = request.model, request.model.optimizer
-        spec = rules.spec_from_keras(optimizer)  # refuse an optimizer the PS cannot apply, before any work
-        if self.config.get("rule") in delay.PRESETS and spec.name != "SGD":
-            raise OptionError(f"--strategy {self.spec['strategy']} is an SGD rule (learning rate and momentum from "
-                              f"the cell's optimizer); the cell compiled {spec.name}. Compile with "
-                              "keras.optimizers.SGD(lr, momentum=...), or use --strategy asgd to keep your optimizer.")
+        spec = self.optimizer_spec(optimizer)  # refuse an optimizer the PS cannot apply, before any work
         data = self.fit_data(request)
         build_for_training(model, data["x"])
         variables = list(model.trainable_variables)
@@ -226,22 +225,37 @@ class NfdtWorker(Worker):
         step = PushPull(client, plan, names, request.samples_per_step, Slowdown(self.simulated))
         step.shapes = {n: (tuple(v.shape), str(v.dtype)) for n, v in zip(names, variables)}
         original_apply = optimizer.apply_gradients
+        user = self.user_callbacks(request)
         try:
             if self.rank == 0:
                 self._init(client, model, spec, plan, names)
             _assign(variables, step.exchange("pull"))
             own = self.connect(step, model, variables)
             model.train_function = None
-            history = self.train(request, step, data, [*list(request.callbacks or []), *own, _stop_when_asked(step)])
+            follow = [_learning_rate_follower(client, optimizer)] if self.rank == 0 and self.uses_ps_optimizer else []
+            callbacks = [_epoch_agreement(client), *user, *follow, *own, _stop_when_asked(step)]
+            history = self.train(request, step, data, callbacks)
             for callback in own:
                 getattr(callback, "finish", lambda: None)()
             step.flush()
             _assign(variables, step.exchange("done"))  # waits for the other workers; the final PS weights
+            if self.uses_ps_optimizer:
+                self._take_optimizer_state(client, optimizer, variables, names)
+            _restore_best_weights(user, model)
             return history
         finally:
             optimizer.apply_gradients = original_apply
             model.train_function = None
             client.close()
+
+    def optimizer_spec(self, optimizer) -> rules.OptimizerSpec:
+        """What the PS needs of the cell's optimizer; the delay rules refuse all but SGD."""
+        spec = rules.spec_from_keras(optimizer)
+        if self.config.get("rule") in delay.PRESETS and spec.kind != "SGD":
+            raise OptionError(f"--strategy {self.spec['strategy']} is an SGD rule (learning rate and momentum from "
+                              f"the cell's optimizer); the cell compiled {spec.kind}. Compile with "
+                              "keras.optimizers.SGD(lr, momentum=...), or use --strategy asgd to keep your optimizer.")
+        return spec
 
     @property
     def simulated(self) -> dict | None:
@@ -266,12 +280,23 @@ class NfdtWorker(Worker):
 
     @staticmethod
     def _init(client, model, spec, plan, names):
-        """Rank 0 hands each shard its variables (shard 0 also the non-trainable ones, for checkpoints)."""
+        """Rank 0 hands each shard its variables (shard 0 also the non-trainable ones, for checkpoints)
+        and the optimizer's state for them, so training continues from the notebook's optimizer."""
         named = variable_names(model)
         trainable = dict(zip(names, (v.numpy() for v in model.trainable_variables)))
         frozen = dict(zip(named["non_trainable"], (v.numpy() for v in model.non_trainable_variables)))
-        per_shard = [{n: trainable[n] for n in shard} | (frozen if i == 0 else {}) for i, shard in enumerate(plan)]
-        client.request("init", per_shard, optimizer=asdict(spec), trainable=names, layout=named["layout"])
+        slots, iterations = optimizer_state.export(model.optimizer, model.trainable_variables, names)
+        per_shard = [{n: trainable[n] for n in shard} | {k: a for k, a in slots.items() if k.rsplit(":", 1)[0] in shard}
+                     | (frozen if i == 0 else {}) for i, shard in enumerate(plan)]
+        client.request("init", per_shard, optimizer=asdict(spec), trainable=names, layout=named["layout"],
+                       iterations=iterations)
+
+    @staticmethod
+    def _take_optimizer_state(client, optimizer, variables, names) -> None:
+        """The PS's optimizer slots and step count into this worker's optimizer, as a local fit leaves them."""
+        state = merged(client.request("state"))
+        step = state.get(optimizer_state.ITERATIONS)
+        optimizer_state.load(optimizer, variables, names, state, None if step is None else int(step))
 
 
 def variable_names(model) -> dict[str, list[str]]:
@@ -286,6 +311,61 @@ def variable_names(model) -> dict[str, list[str]]:
     by_id = {id(v): n for v, n in zip(model.trainable_variables, trainable)}
     by_id |= {id(v): n for v, n in zip(model.non_trainable_variables, non_trainable)}
     return {"trainable": trainable, "non_trainable": non_trainable, "layout": [by_id[id(w)] for w in model.weights]}
+
+
+def _epoch_agreement(client: PsClient):
+    """The workers' epoch-end logs averaged on the PS (shard 0 waits for every live worker), so History
+    and the cell's callbacks see the same numbers on every worker, as under hfdt, and an EarlyStopping
+    or ReduceLROnPlateau decides the same on all of them."""
+    import keras
+
+    class EpochAgreement(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if logs is None:
+                return
+            numbers = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float, np.floating))}
+            reply = client.request("epoch", only=0, epoch=int(epoch), logs=numbers)[0]
+            logs.update(reply.header.get("logs") or {})
+
+    return EpochAgreement()
+
+
+def _learning_rate_follower(client: PsClient, optimizer):
+    """A learning rate the cell's callbacks set (ReduceLROnPlateau, LearningRateScheduler) reaches the PS,
+    which applies the optimizer: checked after the cell's callbacks at each epoch's start and end."""
+    import keras
+
+    from ..learning_rate import schedule_of
+
+    class FollowLearningRate(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.sent = self._current()
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._follow()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self._follow()
+
+        def _current(self):
+            return None if schedule_of(optimizer) is not None else float(optimizer.learning_rate)
+
+        def _follow(self):
+            value = self._current()
+            if value is not None and value != self.sent:
+                client.request("learning_rate", value=value)
+                self.sent = value
+
+    return FollowLearningRate()
+
+
+def _restore_best_weights(callbacks, model) -> None:
+    """An EarlyStopping(restore_best_weights=True) that restored its best weights keeps them, although the
+    end-of-fit exchange brought the PS's last weights."""
+    for callback in callbacks:
+        if getattr(callback, "restore_best_weights", False) and getattr(callback, "best_weights", None) is not None \
+                and getattr(callback, "stopped_epoch", 0) > 0:
+            model.set_weights(callback.best_weights)
 
 
 def _stop_when_asked(step: PushPull):

@@ -1,0 +1,98 @@
+"""The training cell's own Keras callbacks on the workers, and their state brought back to the notebook.
+
+Decision (docs/callbacks.md): each callback object in the notebook receives the attributes of
+rank 0's copy after training (everything but its model), rather than having its epoch hooks
+replayed from the History. A state copy is exact for any callback, including batch-level
+hooks and private counters (EarlyStopping's `wait`, ReduceLROnPlateau's `cooldown_counter`,
+a recorder's lists); a replay could only reproduce what the History logged.
+
+Callbacks that write files run on rank 0 only (two ranks writing one checkpoint path corrupt
+it); TensorBoard runs on every rank with a log directory per rank.
+"""
+
+from __future__ import annotations
+
+import socket
+
+# Keras callbacks whose job is writing files: one writer per run.
+RANK_ZERO_ONLY = ("ModelCheckpoint", "CSVLogger", "BackupAndRestore")
+PER_RANK_LOG_DIR = ("TensorBoard",)
+_SKIPPED_TYPES = ("Layer", "Model", "Variable", "Optimizer", "EagerTensor", "Tensor", "ResourceVariable")
+
+
+def _class_names(obj) -> set[str]:
+    return {cls.__name__ for cls in type(obj).__mro__}
+
+
+def for_rank(callbacks, rank: int, size: int) -> tuple[list, list[dict]]:
+    """The callbacks worker `rank` of `size` runs, and the attribute changes made for it (undone by `collect`).
+
+    Rank 0 runs every callback; other ranks skip the file writers. With several workers a
+    TensorBoard callback writes under `<log_dir>/rank-<rank>` on every rank.
+    """
+    kept, changes = [], []
+    for callback in callbacks or []:
+        names = _class_names(callback)
+        if rank != 0 and names & set(RANK_ZERO_ONLY):
+            continue
+        if size > 1 and names & set(PER_RANK_LOG_DIR) and getattr(callback, "log_dir", None):
+            changes.append({"callback": callback, "attr": "log_dir", "value": callback.log_dir})
+            callback.log_dir = f"{callback.log_dir.rstrip('/')}/rank-{rank}"
+        kept.append(callback)
+    return kept, changes
+
+
+def collect(callbacks, changes: list[dict]) -> list[dict | None]:
+    """Each user callback's state after training: its picklable attributes except the model.
+
+    Attributes changed by `for_rank` are reported with the user's own value.
+    """
+    import cloudpickle
+
+    for change in changes:
+        setattr(change["callback"], change["attr"], change["value"])
+    states = []
+    for callback in callbacks or []:
+        state = {}
+        for name, value in vars(callback).items():
+            if name in ("_model", "model") or _is_model_object(value):
+                continue
+            try:
+                cloudpickle.dumps(value)
+            except Exception:  # open files, writers, locks: not state a notebook can use
+                continue
+            state[name] = value
+        states.append(state)
+    return states
+
+
+def _is_model_object(value) -> bool:
+    return bool(_class_names(value) & set(_SKIPPED_TYPES))
+
+
+def restore(callbacks, states: list[dict | None], model, params: dict | None) -> None:
+    """Give the notebook's callback objects the state rank 0's copies ended with."""
+    for callback, state in zip(callbacks or [], states or []):
+        if state is None:
+            continue
+        for name, value in state.items():
+            setattr(callback, name, value)
+        callback.set_model(model)
+        if params is not None:
+            callback.set_params(dict(params))
+
+
+def files_written(callbacks) -> list[dict]:
+    """Where rank 0's file-writing callbacks put their files: [{"callback", "path", "host"}]."""
+    import os
+
+    found = []
+    for callback in callbacks or []:
+        names = _class_names(callback)
+        for attr in ("filepath", "filename", "backup_dir", "log_dir"):
+            path = getattr(callback, attr, None)
+            if path and names & set(RANK_ZERO_ONLY + PER_RANK_LOG_DIR):
+                found.append({"callback": type(callback).__name__, "path": os.path.abspath(str(path)),
+                              "host": socket.gethostname()})
+                break
+    return found

@@ -1,0 +1,144 @@
+"""The notebook's Keras models are the source of truth: before a run, engines get what changed.
+
+A training cell that uses a model the notebook already holds (``model.fit(...)`` after a
+first run, after ``model.load_weights``, after freezing layers and recompiling) trains that
+model as it is in the notebook: its weights, every layer's `trainable` flag, its compile
+configuration (optimizer, loss, metrics) and its optimizer's state. Each engine reports a
+digest of its own copy; only engines whose digest differs receive the state, and an engine
+that has no copy (or one of another architecture) receives the whole model.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+ENGINE_MODELS = "__nbdist_model_digests__"
+
+
+def free_names(python: str) -> list[str]:
+    """Names the cell reads before it binds them (top-level statements, in order)."""
+    try:
+        tree = ast.parse(python)
+    except SyntaxError:
+        return []
+    bound: set[str] = set()
+    free: list[str] = []
+    for statement in tree.body:
+        loads = [n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+        free += [name for name in loads if name not in bound and name not in free]
+        bound |= {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return free
+
+
+def models_used(python: str, namespace: dict) -> dict:
+    """The notebook's Keras models the cell uses before rebinding their names: {name: model}."""
+    import keras
+
+    return {name: namespace[name] for name in free_names(python)
+            if isinstance(namespace.get(name), keras.Model)}
+
+
+def _layers(model):
+    """The model and all its layers, depth first (the same order on every process)."""
+    yield model
+    for layer in getattr(model, "layers", []):
+        yield from _layers(layer)
+
+
+def architecture(model) -> str:
+    """What must match for weights to carry over: layer classes and weight shapes."""
+    parts = [type(layer).__name__ for layer in _layers(model)] + [str(tuple(w.shape)) for w in model.weights]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+@dataclass
+class ModelState:
+    """Everything of a model a `fit` depends on, besides its architecture."""
+
+    architecture: str
+    weights: list
+    trainable: list
+    compile: dict = field(default_factory=dict)
+    optimizer: list | None = None  # the optimizer's variables, when it has been built
+
+    @classmethod
+    def of(cls, model) -> "ModelState":
+        optimizer = getattr(model, "optimizer", None)
+        built = optimizer is not None and getattr(optimizer, "built", False)
+        return cls(architecture(model), [np.asarray(w) for w in model.get_weights()],
+                   [bool(layer.trainable) for layer in _layers(model)],
+                   model.get_compile_config() if model.compiled else {},
+                   [np.asarray(v.numpy()) for v in optimizer.variables] if built else None)
+
+    @property
+    def compile_text(self) -> str:
+        """The compile configuration as text, without the optimizer's name (Keras numbers names per
+        process, sgd, sgd_1, ...: the same optimizer reads differently on two engines)."""
+        config = json.loads(json.dumps(self.compile, default=str))
+        optimizer = config.get("optimizer")
+        if isinstance(optimizer, dict) and isinstance(optimizer.get("config"), dict):
+            optimizer["config"].pop("name", None)
+        return json.dumps(config, sort_keys=True)
+
+    def digest(self) -> str:
+        h = hashlib.sha256(self.architecture.encode())
+        for array in self.weights + (self.optimizer or []):
+            h.update(np.ascontiguousarray(array).tobytes())
+        h.update(json.dumps(self.trainable).encode())
+        h.update(self.compile_text.encode())
+        h.update(b"built" if self.optimizer is not None else b"fresh")
+        return h.hexdigest()[:24]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.weights + (self.optimizer or []))
+
+
+def digests(names: list[str]) -> dict:
+    """Engine side: {name: (architecture, digest)} of this engine's models of these names (None if absent)."""
+    import keras
+
+    from .engine import user_namespace
+
+    namespace = user_namespace()
+    out = {}
+    for name in names:
+        model = namespace.get(name)
+        out[name] = (architecture(model), ModelState.of(model).digest()) if isinstance(model, keras.Model) else None
+    return out
+
+
+def install(name: str, state: ModelState) -> None:
+    """Engine side: make this engine's model `name` the notebook's (same architecture assumed)."""
+    from .engine import user_namespace
+
+    model = user_namespace()[name]
+    for layer, trainable in zip(_layers(model), state.trainable):
+        layer.trainable = trainable
+    model.set_weights(state.weights)
+    if state.compile and (not model.compiled or ModelState.of(model).compile_text != state.compile_text):
+        model.compile_from_config(state.compile)
+    if state.optimizer is not None:
+        optimizer = model.optimizer
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        if [tuple(v.shape) for v in optimizer.variables] == [tuple(np.shape(a)) for a in state.optimizer]:
+            for variable, value in zip(optimizer.variables, state.optimizer):
+                variable.assign(value)
+    model.train_function = None  # retraced: the trainable set or the optimizer may have changed
+
+
+def receive(name: str, blob: bytes) -> None:
+    """Engine side: the whole model, as Keras pickles it (its own saving format inside)."""
+    import pickle
+
+    from .engine import NAMES_VAR, user_namespace
+
+    namespace = user_namespace()
+    namespace[name] = pickle.loads(blob)
+    namespace.setdefault(NAMES_VAR, set()).add(name)  # released with the names the cells bound

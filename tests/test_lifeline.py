@@ -1,0 +1,285 @@
+"""A dead kernel or script takes the cluster it started with it; a cluster started outside survives.
+
+Real processes throughout: kernels started by jupyter_client, scripts, `ipcluster start`. Every
+process a test sees is recorded (pid and start time, as psutil.Process) before anything is
+killed, killed again by that record in the fixture's teardown if still alive, and checked by it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import ipyparallel as ipp
+import psutil
+import pytest
+
+from nbdist import engine
+from tests.conftest import DEFINITION, TRAIN
+from tests.kernel_driver import KernelDriver
+
+pytestmark = pytest.mark.cluster
+
+GONE_WITHIN_S = 10  # the issue's bound: after the kernel is gone, nothing it started is left this much later
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = """
+import json, sys, time
+from nbdist.cluster import ClusterHandle
+handle = ClusterHandle.start(1)
+print(json.dumps({"watcher": handle.lifeline.pid, "record": handle.lifeline.record}), flush=True)
+time.sleep(300)  # killed by the test long before
+"""
+
+
+def alive(process: psutil.Process) -> bool:
+    """Running and still the process recorded (a reused pid is not it); a zombie has exited."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def left_after(processes: list[psutil.Process], seconds: float, since: float) -> list[psutil.Process]:
+    """Poll until every recorded process has exited or `seconds` after `since` passed; those still alive."""
+    while True:
+        remaining = [p for p in processes if alive(p)]
+        if not remaining or time.time() - since > seconds:
+            return remaining
+        time.sleep(0.1)
+
+
+def describe(processes) -> str:
+    rows = []
+    for p in processes:
+        try:
+            rows.append(f"{p.pid} {' '.join(p.cmdline()[1:4])}")
+        except psutil.Error:
+            rows.append(f"{p.pid} (gone)")
+    return "; ".join(rows)
+
+
+def read_line(process: subprocess.Popen, timeout: float) -> str:
+    """One line of the process's stdout, or an AssertionError naming what it wrote to stderr."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if select.select([process.stdout], [], [], 0.2)[0]:
+            line = process.stdout.readline()
+            if line:
+                return line
+        if process.poll() is not None:
+            break
+    raise AssertionError(f"no line from pid {process.pid} within {timeout} s (exit {process.poll()})")
+
+
+@pytest.fixture
+def reaper():
+    """Records processes; at teardown kills, by the record, any still alive, and stops kernels."""
+    recorded: list[psutil.Process] = []
+    kernels: list[KernelDriver] = []
+
+    class Reaper:
+        def record(self, processes):
+            recorded.extend(processes)
+            return list(processes)
+
+        def tree(self, pid: int) -> list[psutil.Process]:
+            root = psutil.Process(pid)
+            return self.record([root, *root.children(recursive=True)])
+
+        def kernel(self) -> KernelDriver:
+            driver = KernelDriver(cwd=REPO)
+            kernels.append(driver)
+            return driver
+
+    try:
+        yield Reaper()
+    finally:
+        for driver in kernels:
+            try:
+                driver.stop()
+            except Exception:  # a kernel the test killed has nothing left to shut down
+                pass
+        for process in recorded:
+            if alive(process):
+                process.kill()
+
+
+def kernel_pid(driver: KernelDriver) -> int:
+    return driver.value("__import__('os').getpid()")
+
+
+def test_kernel_killed_hard_takes_its_cluster_and_shards_with_it(reaper):
+    kernel = reaper.kernel()
+    kernel.run("%load_ext nbdist\nimport nbdist").check()
+    kernel.run("%dist start -n 2", timeout=180).check()
+    kernel.run("%%distribute define --name data\n" + DEFINITION, timeout=180).check()
+    kernel.run("%%distribute --strategy nfdt --workers 2 --background --progress none\n" + TRAIN.format(epochs=500),
+               timeout=120).check()
+    deadline = time.time() + 120
+    while not kernel.value("bool(nbdist.last_run.progress) or nbdist.last_run.status not in ('pending', 'running')"):
+        assert time.time() < deadline, "no NFDT step within 120 s"
+        time.sleep(0.2)
+    assert kernel.value("nbdist.last_run.status") == "running"
+    shards = kernel.value("[s.pid for s in nbdist.last_run.controller.service.shards]")
+    watcher = kernel.value("nbdist.get_session().cluster.lifeline.pid")
+    pid = kernel_pid(kernel)
+    processes = reaper.tree(pid)[1:]
+    pids = {p.pid for p in processes}
+    assert set(shards) <= pids and watcher in pids
+    assert len(processes) >= 15  # controller (9), 2 engines and their nannies, the shard, the watcher
+
+    os.kill(pid, signal.SIGKILL)  # what the OOM killer or restart_kernel(now=True) does
+    killed = time.time()
+    left = left_after(processes, GONE_WITHIN_S, since=killed)
+    assert not left, f"still alive {GONE_WITHIN_S} s after the kernel was killed: {describe(left)}"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_script_stops_its_cluster_on_a_signal(reaper, sig):
+    script = subprocess.Popen([sys.executable, "-c", SCRIPT], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    reaper.record([psutil.Process(script.pid)])
+    try:
+        started = json.loads(read_line(script, 120))
+        processes = reaper.tree(script.pid)[1:]
+        assert started["watcher"] in {p.pid for p in processes} and os.path.exists(started["record"])
+        script.send_signal(sig)
+        sent = time.time()
+        assert script.wait(GONE_WITHIN_S) == -sig  # it stopped its cluster, then died of the signal
+        left = left_after(processes, GONE_WITHIN_S, since=sent)
+        assert not left, f"still alive {GONE_WITHIN_S} s after {sig.name}: {describe(left)}"
+        assert not os.path.exists(started["record"])
+    finally:
+        if script.poll() is None:
+            script.kill()
+        script.wait(10)
+        script.stdout.close()
+        script.stderr.close()
+
+
+def test_next_kernel_reports_a_stale_cluster_and_stops_it(reaper):
+    first = reaper.kernel()
+    first.run("%load_ext nbdist\nimport nbdist").check()
+    first.run("%dist start -n 1", timeout=180).check()
+    cluster_id = first.value("nbdist.get_session().cluster.cluster.cluster_id")
+    watcher = psutil.Process(first.value("nbdist.get_session().cluster.lifeline.pid"))
+    first_kernel, *processes = reaper.tree(kernel_pid(first))
+    cluster = [p for p in processes if p.pid != watcher.pid]
+    watcher.kill()  # a watcher killed along with its kernel leaves the cluster behind: stale
+    first_kernel.kill()
+    assert not left_after([watcher, first_kernel], GONE_WITHIN_S, since=time.time())
+    assert all(alive(p) for p in cluster)
+
+    second = reaper.kernel()
+    second.run("%load_ext nbdist").check()
+    status = second.run("%dist status", timeout=60).check().stdout
+    assert f"cluster id {cluster_id}" in status and "previous kernel" in status, status
+    assert "%dist connect --file" in status and "%dist stop --stale" in status
+    stopped = second.run("%dist stop --stale", timeout=60).check().stdout
+    assert cluster_id in stopped and "stopped 1 cluster" in stopped, stopped
+    left = left_after(cluster, GONE_WITHIN_S, since=time.time())
+    assert not left, f"still alive after %dist stop --stale: {describe(left)}"
+    assert second.run("%dist status").ename == "ClusterError"  # nothing stale left, no cluster here
+
+
+@pytest.fixture
+def outside_cluster(tmp_path, reaper):
+    """A cluster started with `ipcluster start` (as on real hosts), stopped by its own SIGINT at the end."""
+    cluster_id = f"outside-{uuid.uuid4().hex[:6]}"
+    ipcluster = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "ipcluster"), "start", "-n", "1",
+                                  f"--profile-dir={tmp_path}", f"--cluster-id={cluster_id}", "--log-level=WARN"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    reaper.record([psutil.Process(ipcluster.pid)])
+    client_file = tmp_path / "security" / f"ipcontroller-{cluster_id}-client.json"
+    try:
+        deadline = time.time() + 120
+        while not client_file.exists():
+            assert ipcluster.poll() is None and time.time() < deadline, "ipcluster start did not come up"
+            time.sleep(0.2)
+        client = ipp.Client(str(client_file), timeout=60)
+        client.wait_for_engines(1, timeout=120)
+        yield str(client_file), client, reaper.tree(ipcluster.pid)[1:]
+        client.close()
+    finally:
+        ipcluster.send_signal(signal.SIGINT)
+        try:
+            ipcluster.wait(30)
+        except subprocess.TimeoutExpired:
+            ipcluster.kill()
+            ipcluster.wait(10)
+
+
+def test_cluster_started_outside_survives_the_kernel_and_is_released(reaper, outside_cluster):
+    client_file, client, processes = outside_cluster
+    kernel = reaper.kernel()
+    kernel.run("%load_ext nbdist\nimport nbdist").check()
+    kernel.run(f"%dist connect --file {client_file}", timeout=120).check()
+    kernel.run("%%distribute define --name marker\nnbdist_marker = 42").check()
+    kernel.run("nbdist.get_session().sync_definitions([0])", timeout=60).check()
+    assert client[0].pull("nbdist_marker", block=True) == 42 and client[0].apply_sync(engine.definition_digests)
+    watcher = psutil.Process(kernel.value("nbdist.get_session().cluster.lifeline.pid"))
+    reaper.record([watcher])
+
+    os.kill(kernel_pid(kernel), signal.SIGKILL)
+    assert not left_after([watcher], 20, since=time.time()), "the watcher of a connected cluster did not exit"
+    assert all(alive(p) for p in processes), "a process of the cluster started outside died with the kernel"
+    assert client.ids == [0] and client[0].apply_sync(os.getpid) in {p.pid for p in processes}
+    assert client[0].apply_sync(engine.definition_digests) == {}  # released: the dead kernel's objects are gone
+    with pytest.raises(ipp.error.RemoteError, match="nbdist_marker"):
+        client[0].pull("nbdist_marker", block=True)
+
+
+def test_engines_stop_by_themselves_when_their_controller_is_gone(reaper):
+    """What makes engines on other hosts go: nbdist's engines give up after 5 missed heartbeats."""
+    from nbdist.cluster import ClusterHandle
+
+    handle = ClusterHandle.start(1)
+    try:
+        controller = reaper.tree(handle.cluster.controller.process.pid)
+        engines = [p for launcher in handle.cluster.engine_set.launchers.values()
+                   for p in reaper.tree(launcher.process.pid)]  # each engine and its nanny
+        for process in controller:
+            process.kill()
+        heartbeats_s = 5 * 1.5  # max_heartbeat_misses x (HeartMonitor.period + 0.5 s)
+        left = left_after(engines, heartbeats_s + GONE_WITHIN_S, since=time.time())
+        assert not left, f"still alive {heartbeats_s + GONE_WITHIN_S} s after their controller: {describe(left)}"
+    finally:
+        handle.stop()
+
+
+def test_stale_means_this_notebook_a_dead_kernel_and_a_cluster_still_running(tmp_path, monkeypatch):
+    """The record logic alone: this process stands in for live processes, a wrong start time for a dead one."""
+    from nbdist import lifeline
+
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path))
+    security = tmp_path / "profile_x" / "security"
+    security.mkdir(parents=True)
+    running = security / "cluster-running.json"
+    running.write_text(json.dumps({"controller": {"class": "local", "state": {"pid": os.getpid()}}}))
+    me, dead = {"kernel_pid": os.getpid(), "kernel_started": psutil.Process().create_time()}, {
+        "kernel_pid": os.getpid(), "kernel_started": 0.0}  # same pid, another start: the pid was reused
+    records = {
+        "stale": {**dead, "notebook": lifeline.notebook_id(), "cluster_file": str(running)},
+        "other-notebook": {**dead, "notebook": "elsewhere.ipynb", "cluster_file": str(running)},
+        "stopped": {**dead, "notebook": lifeline.notebook_id(), "cluster_file": str(security / "gone.json")},
+        "live-kernel": {**me, "notebook": lifeline.notebook_id(), "cluster_file": str(running)},
+    }
+    for cluster_id, record in records.items():
+        (security / f"nbdist-{cluster_id}.json").write_text(json.dumps(
+            {**record, "cluster_id": cluster_id, "client_file": f"/c/{cluster_id}.json", "n": 2, "engines": "local"}))
+
+    stale = lifeline.stale_clusters()
+    assert [r["cluster_id"] for r in stale] == ["stale"]
+    assert not (security / "nbdist-stopped.json").exists()  # a record of a cluster that is gone is dropped
+    assert (security / "nbdist-other-notebook.json").exists() and (security / "nbdist-live-kernel.json").exists()
+    notice = lifeline.describe_stale(stale)
+    assert "cluster id stale (2 local engine(s)" in notice and "%dist connect --file /c/stale.json" in notice
+    assert lifeline.adoptable(stale, "/c/stale.json")["cluster_id"] == "stale"
+    assert lifeline.adoptable(stale, "/c/other.json") is None
