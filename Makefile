@@ -2,7 +2,12 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test lab clean
+# `make wheel` needs only Python (and Node.js when the JupyterLab bundle in nbdist/labextension is missing or older
+# than labextension/src); users install the wheel with pip, without Node.js.
+WHEEL_PY := $(if $(wildcard $(PY)),$(PY),python3)
+NBDIST_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/nbdist
+
+.PHONY: setup demo test lab wheel clean
 
 setup:
 	@bash scripts/setup.sh
@@ -15,6 +20,11 @@ test: setup
 
 lab: setup
 	$(VENV)/bin/jupyter lab
+
+wheel:
+	@rm -f dist/nbdist-*.whl
+	YARN_CACHE_FOLDER="$(NBDIST_CACHE)/yarn" $(WHEEL_PY) -m pip wheel --no-deps -w dist .
+	@ls dist/nbdist-*-py3-none-any.whl
 
 clean:
 	rm -rf build .pytest_cache

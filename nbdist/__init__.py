@@ -18,25 +18,30 @@ _sessions: dict[int, Session] = {}
 
 
 def load_ipython_extension(shell) -> None:
-    """`%load_ext nbdist`: register the magics on this shell, with a Session of its own."""
+    """`%load_ext nbdist`: register the magics on this shell, with a Session of its own, and keep this
+    kernel's TensorFlow off the GPUs the engines use (`%dist start --kernel-gpu` gives them back)."""
+    from . import gpus
     from .magics import NbdistMagics, async_dashboard_cells
 
     if id(shell) in _sessions:
         return
+    if gpus.hide_from_kernel() == "in use":  # the engines need the GPUs; TensorFlow here took them first
+        print("nbdist: TensorFlow already holds the GPUs in this kernel, so engines on this host may run out of "
+              "GPU memory; restart the kernel and run %load_ext nbdist before importing TensorFlow.")
     session = Session(shell)
     _sessions[id(shell)] = session
 
     def remember_cell_id(info):
         session.current_cell_id = getattr(info, "cell_id", None)
 
-    session._hook = remember_cell_id
+    session.cell_hook = remember_cell_id
     shell.events.register("pre_run_cell", remember_cell_id)
     shell.register_magics(NbdistMagics(shell, session))
     shell.input_transformers_cleanup.append(async_dashboard_cells)
     if getattr(shell, "kernel", None) is not None:  # a Jupyter kernel: the JupyterLab sidebar's comm
         from .lab_comm import LabChannel
 
-        session._lab = LabChannel(session).start()
+        session.lab = LabChannel(session).start()
 
 
 def unload_ipython_extension(shell) -> None:
@@ -45,9 +50,9 @@ def unload_ipython_extension(shell) -> None:
     if session is not None:
         from .magics import async_dashboard_cells
 
-        shell.events.unregister("pre_run_cell", session._hook)
-        if getattr(session, "_lab", None) is not None:
-            session._lab.stop()
+        shell.events.unregister("pre_run_cell", session.cell_hook)
+        if session.lab is not None:
+            session.lab.stop()
         if async_dashboard_cells in shell.input_transformers_cleanup:
             shell.input_transformers_cleanup.remove(async_dashboard_cells)
         session.stop()

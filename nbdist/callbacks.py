@@ -42,8 +42,9 @@ def for_rank(callbacks, rank: int, size: int) -> tuple[list, list[dict]]:
     return kept, changes
 
 
-def collect(callbacks, changes: list[dict]) -> list[dict | None]:
-    """Each user callback's state after training: its picklable attributes except the model.
+def collect(callbacks, changes: list[dict]) -> list[bytes]:
+    """Each user callback's state after training (its picklable attributes except the model), cloudpickled:
+    lambdas and closures in a callback's state travel too (ipyparallel's own pickling refuses them).
 
     Attributes changed by `for_rank` are reported with the user's own value.
     """
@@ -62,7 +63,7 @@ def collect(callbacks, changes: list[dict]) -> list[dict | None]:
             except Exception:  # open files, writers, locks: not state a notebook can use
                 continue
             state[name] = value
-        states.append(state)
+        states.append(cloudpickle.dumps(state))
     return states
 
 
@@ -70,12 +71,14 @@ def _is_model_object(value) -> bool:
     return bool(_class_names(value) & set(_SKIPPED_TYPES))
 
 
-def restore(callbacks, states: list[dict | None], model, params: dict | None) -> None:
+def restore(callbacks, states: list[bytes | None], model, params: dict | None) -> None:
     """Give the notebook's callback objects the state rank 0's copies ended with."""
-    for callback, state in zip(callbacks or [], states or []):
-        if state is None:
+    import pickle
+
+    for callback, blob in zip(callbacks or [], states or []):
+        if blob is None:
             continue
-        for name, value in state.items():
+        for name, value in pickle.loads(blob).items():
             setattr(callback, name, value)
         callback.set_model(model)
         if params is not None:

@@ -6,9 +6,9 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
-from . import engine, lifeline
+from . import engine, gpus, lifeline
 from .errors import ClusterError
 
 # The hub unregisters an engine that misses this many 1 s heartbeats, so a dead engine is
@@ -38,6 +38,10 @@ class EngineInfo:
     horovod: str | None = None
     nbdist: str | None = None
     net_ns: int | None = None  # its network namespace (an engine in a container or netns has its own)
+    python: str | None = None  # the engine's interpreter: where to install what it lacks
+    gpu: str | None = None  # the host GPU it was pinned to (nbdist.gpus), * when shared
+    local_rank: int | None = None  # its index among the engines of its machine (the GPU it got)
+    horovod_built: dict | None = None  # what its Horovod was built with (nbdist.horovod.built_with)
 
     def label(self) -> str:
         return f"engine {self.id} (host {self.host}, pid {self.pid})"
@@ -51,8 +55,10 @@ class ClusterHandle:
         self.cluster = cluster  # an ipyparallel.Cluster when nbdist started it, else None
         self.lifeline = watcher  # stops (or releases) the cluster should this process die
         self._info: dict[int, EngineInfo] = {}
-        self._local_boot_id = engine._boot_id()
+        self._local_boot_id = engine.boot_id()
         self._local_net_ns = engine.network_namespace()
+        self._local_machine = engine.machine()
+        self.warned: set[str] = set()  # compatibility warnings shown for this connection (once each)
 
     @classmethod
     def start(cls, n: int, engines: str = "local", profile: str | None = None) -> "ClusterHandle":
@@ -152,12 +158,32 @@ class ClusterHandle:
         todo = [e for e in (ids if ids is not None else self.ids()) if e not in self._info and e not in busy]
         if not todo:
             return
-        results = {eid: self.client[eid].apply_async(engine.probe) for eid in todo}
+        slots = self._gpu_slots(todo)
+        results = {eid: self.client[eid].apply_async(_pin_then_probe, slots.get(eid)) for eid in todo}
+        known = {f.name for f in fields(EngineInfo)}  # an engine with another nbdist may report more or less
         for eid, ar in results.items():
             try:
-                self._info[eid] = EngineInfo(eid, **ar.get(timeout=PROBE_TIMEOUT_S))
+                self._info[eid] = EngineInfo(eid, **{k: v for k, v in ar.get(timeout=PROBE_TIMEOUT_S).items()
+                                                     if k in known and k != "id"})
             except Exception as exc:  # a broken engine still gets a row, marked by its error
                 self._info[eid] = EngineInfo(eid, host=f"? ({type(exc).__name__})")
+
+    def _gpu_slots(self, todo: list[int]) -> dict[int, tuple]:
+        """(local rank, local size, shares the kernel's GPUs) of each new engine on its machine, so its
+        GPU is pinned before its TensorFlow starts (nbdist.gpus)."""
+        calls = {eid: self.client[eid].apply_async(_call, "nbdist.engine.machine") for eid in todo}
+        machines = {}
+        for eid, ar in calls.items():
+            try:
+                machines[eid] = ar.get(timeout=PROBE_TIMEOUT_S)
+            except Exception:  # probed next without a slot, and its row says what failed
+                continue
+        alive = set(self.ids())
+        ranked = {eid: i for eid, i in self._info.items() if eid in alive and i.local_rank is not None}
+        machines.update({eid: i.boot_id or i.host for eid, i in ranked.items()})
+        slots = gpus.local_ranks(machines, {eid: i.local_rank for eid, i in ranked.items()})
+        kernel = gpus.kernel_uses_gpus()
+        return {eid: (*slots[eid], kernel and machines[eid] == self._local_machine) for eid in todo if eid in slots}
 
     def inventory(self) -> list[tuple[EngineInfo, str]]:
         """(info, state) for every engine seen: idle, busy or dead."""
@@ -197,6 +223,26 @@ class ClusterHandle:
     def _require_client(self):
         if self.client is None:
             raise ClusterError("the cluster was stopped; use %dist start or %dist connect")
+
+
+def _call(path: str, *args):
+    """Runs on an engine: its own installed nbdist's function `path` (not this kernel's copy of the code)."""
+    import importlib
+
+    module, name = path.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)(*args)
+
+
+def _pin_then_probe(slot):
+    """Runs on an engine: pin its GPU when its nbdist can (`slot` from `_gpu_slots`), then probe it."""
+    import importlib
+
+    if slot is not None:
+        try:
+            importlib.import_module("nbdist.gpus").pin(*slot)
+        except ImportError:
+            pass
+    return importlib.import_module("nbdist.engine").probe()
 
 
 def _process_running(pid: int) -> bool:

@@ -60,8 +60,9 @@ def release() -> int:
     return len(names)
 
 
-def probe() -> dict:
-    """What `%dist status` shows for this engine; importing TensorFlow here also warms the engine up."""
+def versions() -> dict:
+    """The versions `%dist status` compares between the notebook and its engines, and this Python."""
+    import sys
     from importlib import metadata
 
     def version(package):
@@ -70,24 +71,44 @@ def probe() -> dict:
         except metadata.PackageNotFoundError:
             return None
 
-    gpus: list[str] = []
+    return {"tensorflow": version("tensorflow") or version("tensorflow-cpu"), "keras": version("keras"),
+            "horovod": version("horovod"), "nbdist": version("nbdist"), "python": sys.executable}
+
+
+def machine() -> str:
+    """What engines of one machine share (its GPUs): the boot id, else the host name."""
+    return boot_id() or socket.gethostname()
+
+
+def probe() -> dict:
+    """What `%dist status` shows for this engine; importing TensorFlow here also warms the engine up
+    (after `nbdist.gpus.pin` when the kernel pinned this engine's GPU first)."""
+    pinned = horovod_built = None
+    try:  # an engine with another nbdist may lack these modules: it still reports its versions
+        from . import gpus, horovod
+
+        pinned = gpus.pinned()
+    except ImportError:
+        horovod = None
+    visible: list[str] = []
     try:
         import tensorflow as tf
 
-        gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
+        visible = [d.name for d in tf.config.get_visible_devices("GPU")]
+        horovod_built = horovod.built_with() if horovod is not None else None
     except ImportError:
         pass
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "boot_id": _boot_id(),
+        "boot_id": boot_id(),
         "net_ns": network_namespace(),
         "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "gpus": gpus,
-        "tensorflow": version("tensorflow") or version("tensorflow-cpu"),
-        "keras": version("keras"),
-        "horovod": version("horovod"),
-        "nbdist": version("nbdist"),
+        "gpus": visible,
+        **versions(),
+        "gpu": (pinned or {}).get("gpu"),
+        "local_rank": (pinned or {}).get("local_rank"),
+        "horovod_built": horovod_built,
     }
 
 
@@ -99,7 +120,8 @@ def network_namespace() -> int | None:
         return None
 
 
-def _boot_id() -> str | None:
+def boot_id() -> str | None:
+    """This machine's boot id (Linux): engines with the kernel's run on the kernel's machine."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()
@@ -147,7 +169,8 @@ def run_training_cell(spec: dict) -> list:
         history = worker.fit(request)
         reporter = reporters[-1] if reporters else None
         timings = {"cell_start": spec.get("cell_start"), "engine_start": started,
-                   "first_step": getattr(reporter, "first_step_t", None), "fit_end": time.time()}
+                   "first_step": getattr(reporter, "first_step_t", None), "fit_end": time.time(),
+                   "virtual_step": worker.virtual_step.text() if worker.virtual_step is not None else None}
         states = callbacks.collect(request.callbacks, worker.callback_changes) if spec["rank"] == 0 else []
         results.append(FitResult.collect(request.model, history, getattr(reporter, "records", ()), timings,
                                          states, worker.files_written))
@@ -157,6 +180,10 @@ def run_training_cell(spec: dict) -> list:
         import keras
 
         keras.utils.set_random_seed(spec["seed"])
+        if (spec.get("config") or {}).get("virtual") is not None:  # same seed and spec: the same weights
+            import tensorflow as tf
+
+            tf.config.experimental.enable_op_determinism()
     with worker.cell_context(), intercept_fit(handler):
         _run_source(spec["cell"], f"<nbdist training cell, run {spec['run']}>")
     if not results:

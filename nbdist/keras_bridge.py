@@ -121,6 +121,24 @@ def intercept_fit(handler: Callable[[FitRequest], Any]):
         keras.Model.fit = original
 
 
+@contextlib.contextmanager
+def apply_gradients_restored(model):
+    """Within the block a strategy may replace `model.optimizer.apply_gradients` (and `jit_compile`); after
+    it both are back as they were and the train function is retraced, on both sides of the block."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:  # not compiled: Keras' own fit says so
+        yield
+        return
+    original, jit = optimizer.apply_gradients, model.jit_compile
+    model.train_function = None
+    try:
+        yield
+    finally:
+        optimizer.apply_gradients = original
+        model.jit_compile = jit
+        model.train_function = None
+
+
 def install_result(model, result: FitResult, sample_input=None, callbacks=None):
     """Give `model` the trained weights and optimizer state, and `callbacks` (the notebook's callback
     objects of this fit) rank 0's callback state; return the run's History."""

@@ -13,7 +13,6 @@ import logging
 import threading
 
 from . import lab_state
-from .errors import NbdistError
 
 TARGET = "nbdist"
 MIN_INTERVAL_S = 0.5  # at most two state messages a second while runs report progress
@@ -109,12 +108,7 @@ class LabChannel:
         run = self._find(run_id)
         if run is None or run.status != "running":
             return {"ok": False, "message": f"run {run_id} is {run.status if run else 'unknown'}; nothing to stop"}
-        try:
-            run.control("stop")
-            message = f"run {run_id}: stopping; the weights trained so far are kept"
-        except NbdistError:  # a strategy without live controls: stop it as the kernel's interrupt would
-            run.stop_requested = True
-            message = f"run {run_id}: interrupting its engines"
+        message = run.stop()
         self._on_change("stop")
         return {"ok": True, "message": message}
 

@@ -87,21 +87,10 @@ def _run(run, sparklines: Sparklines) -> dict:
     return {
         "id": run.id, "strategy": run.strategy, "status": run.status, "workers": list(run.workers),
         "cell_id": run.cell_id, "started_at": run.started_at, "ended_at": run.ended_at,
-        "progress": _progress(run), "error": run.error, "nodes": nodes,
+        "progress": run.progress_fraction, "error": run.error, "nodes": nodes,
         "stoppable": run.status == "running",
-        "final": {k: v[-1] for k, v in run.history.items() if v} if run.status == "done" else {},
+        "final": run.final_metrics if run.status == "done" else {},
     }
-
-
-def _progress(run) -> float | None:
-    """Rank 0's share of its planned steps (1.0 once done); None before its first record."""
-    if run.status == "done":
-        return 1.0
-    latest = (run.progress.get(run.workers[0]) or {}) if run.workers else {}
-    epochs, steps, record = latest.get("epochs"), latest.get("steps"), latest.get("record") or {}
-    if not (epochs and steps):
-        return None
-    return round(min(1.0, ((record.get("epoch") or 0) * steps + (latest.get("batch") or 0)) / (epochs * steps)), 4)
 
 
 def _finite(value):

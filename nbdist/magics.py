@@ -8,23 +8,39 @@ from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from . import report
+from . import gpus, report
 from .progress import TextProgress
-from .strategies import COMMON_OPTIONS, STRATEGY_OPTIONS, strategy_names
+from .strategies import COMMON_OPTIONS, on_register, strategy_names, strategy_options
 
 DIST_ACTIONS = ("start", "connect", "stop", "status", "runs", "wait")
 
 
-def _with_strategy_options(func):
-    """Declare every strategy option on the magic, so `%%distribute?` lists them all."""
-    for option in reversed((*COMMON_OPTIONS, *STRATEGY_OPTIONS.values())):
-        kwargs = dict(option.kwargs)
-        help_text = option.help
-        if option.flags == ("--strategy",):
-            kwargs["choices"] = strategy_names()
-            help_text += f"; one of: {', '.join(strategy_names())} (default local)"
-        func = magic_arguments.argument(*option.flags, help=help_text, **kwargs)(func)
-    return func
+def distribute_parser():
+    """The `%%distribute` parser, from the registry's options (rebuilt when a strategy is registered)."""
+    global _parser
+    if _parser is None:
+        parser = magic_arguments.MagicArgumentParser(prog="%distribute", add_help=False)
+        parser.add_argument("mode", nargs="?", choices=["define"],
+                            help="`define`: run this cell here and replay it on every engine before training")
+        parser.add_argument("--name", default=None,
+                            help="define: a name for the definition cell (default: the notebook cell's id)")
+        for option in (*COMMON_OPTIONS, *strategy_options().values()):
+            kwargs = option.argparse()
+            if option.flag == "--strategy":
+                kwargs["choices"] = strategy_names()
+                kwargs["help"] += f"; one of: {', '.join(strategy_names())} (default local)"
+            parser.add_argument(option.flag, **kwargs)
+        _parser = parser
+    return _parser
+
+
+def _forget_parser(_cls=None) -> None:
+    global _parser
+    _parser = None
+    NbdistMagics.distribute.__doc__ = _DISTRIBUTE_DOC + "\n" + distribute_parser().format_help()
+
+
+_parser = None
 
 
 @magics_class
@@ -43,6 +59,9 @@ class NbdistMagics(Magics):
     @magic_arguments.argument("--profile", default=None, help="start/connect: ipyparallel profile")
     @magic_arguments.argument("--cluster-id", default=None, help="connect: cluster id within the profile")
     @magic_arguments.argument("--file", default=None, help="connect: path of an ipcontroller-client.json")
+    @magic_arguments.argument("--kernel-gpu", action="store_true",
+                              help="start/connect: let this kernel's TensorFlow use the GPUs too (nbdist hides them "
+                                   "from it); engines on this host then share them with memory growth")
     @magic_arguments.argument("--stale", action="store_true",
                               help="stop: stop the clusters that previous kernels of this notebook left "
                                    "running (status names them), not this kernel's")
@@ -54,6 +73,7 @@ class NbdistMagics(Magics):
 
             %dist start -n 4                 # 4 local engines through ipyparallel.Cluster
             %dist start -n 8 --engines mpi   # any ipyparallel launcher
+            %dist start -n 2 --kernel-gpu    # the notebook's own TensorFlow may use the GPUs too
             %dist connect --profile mycluster
             %dist status                     # one row per engine
             %dist runs                       # the runs of this kernel
@@ -61,26 +81,28 @@ class NbdistMagics(Magics):
             %dist stop
             %dist stop --stale               # clusters a previous (killed) kernel left running
         """
-        args = _parse(self.dist, line)
+        args = _parse(self.dist.parser, line, "dist")
         _refuse_unused(self.dist.parser, args)
         session = self.session
+        if args.kernel_gpu and (notice := gpus.give_to_kernel()):
+            print(notice)
         if args.action == "start":
             n = 2 if args.n is None else args.n
             if n < 1:
                 raise UsageError(f"%dist start -n takes a positive number of engines. Received: -n {n}")
             session.start(n, args.engines, args.profile)
-            print(report.engine_table(session.cluster.inventory()))
+            _print_engines(session.cluster)
         elif args.action == "connect":
             if not (args.profile or args.cluster_id or args.file):
                 args.profile = "default"
             session.connect(profile=args.profile, cluster_id=args.cluster_id, file=args.file)
-            print(report.engine_table(session.cluster.inventory()))
+            _print_engines(session.cluster)
         elif args.action == "stop":
             print(f"nbdist: {session.stop_stale() if args.stale else session.stop()}")
         elif args.action == "status":
             notice = session.stale_notice()
             if session.cluster is not None or not notice:
-                print(report.engine_table(session.require_cluster().inventory()))
+                _print_engines(session.require_cluster())
             if notice:
                 print(notice)
         elif args.action == "runs":
@@ -88,12 +110,6 @@ class NbdistMagics(Magics):
         elif args.action == "wait":
             session.wait()
 
-    @magic_arguments.magic_arguments()
-    @magic_arguments.argument("mode", nargs="?", choices=["define"],
-                              help="`define`: run this cell here and replay it on every engine before training")
-    @magic_arguments.argument("--name", default=None,
-                              help="define: a name for the definition cell (default: the notebook cell's id)")
-    @_with_strategy_options
     @cell_magic
     def distribute(self, line, cell):
         """Train this cell's `model.fit(...)` on the cluster, or record a definition cell.
@@ -109,7 +125,7 @@ class NbdistMagics(Magics):
             model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
             history = model.fit(x, y, epochs=1)
         """
-        args = _parse(self.distribute, line)
+        args = _parse(distribute_parser(), line, "distribute")
         if args.mode == "define":
             return self._define(args, cell)
         options = self._training_options(args)
@@ -123,7 +139,7 @@ class NbdistMagics(Magics):
         free and the dashboard's buttons reach the running job (the input transformer routes here)."""
         import asyncio
 
-        options = self._training_options(_parse(self.distribute, line))
+        options = self._training_options(_parse(distribute_parser(), line, "distribute"))
         kernel = getattr(self.shell, "kernel", None)
         cell_request = (kernel._parent_ident["shell"], kernel.get_parent("shell")) if kernel else None
         run = self.session.distribute(cell, {**options, "background": True},
@@ -143,8 +159,8 @@ class NbdistMagics(Magics):
         return {k: v for k, v in vars(args).items() if k not in ("mode", "name")}
 
     def _define(self, args, cell):
-        given = [o.flags[-1] for o in (*COMMON_OPTIONS, *STRATEGY_OPTIONS.values())
-                 if getattr(args, o.dest) not in (None, o.default)]
+        given = [o.flag for o in (*COMMON_OPTIONS, *strategy_options().values())
+                 if getattr(args, o.name) not in (None, o.default)]
         if given:
             raise UsageError(f"{', '.join(given)} applies to training cells, not to `%%distribute define`")
         cell_id = self.session.current_cell_id  # read before the nested run_cell resets it
@@ -152,6 +168,15 @@ class NbdistMagics(Magics):
         if not outcome.success:
             raise UsageError("the definition cell failed here (see above), so it was not recorded")
         self.session.record_definition(cell, name=args.name or cell_id)
+
+
+def _print_engines(cluster) -> None:
+    """The engine table, then what engines lack compared with the notebook (each warning once per connection)."""
+    rows = cluster.inventory()
+    print(report.engine_table(rows))
+    warnings = report.compatibility_notice(cluster, rows)
+    if warnings:
+        print(warnings)
 
 
 PROGRESS_ENV = "NBDIST_PROGRESS"  # text / none / dashboard: what auto means here (set it for nbconvert, CI)
@@ -211,23 +236,29 @@ def _in_kernel() -> bool:
     return getattr(get_ipython(), "kernel", None) is not None
 
 
-def _parse(magic, line):
+def parser_actions(parser) -> list:
+    """An argparse parser's arguments. argparse keeps them only in the private `_actions`; this is the one
+    place nbdist reads it (the unknown-flag check, the unused-option check, README's options table)."""
+    return list(parser._actions)
+
+
+def _parse(parser, line, name: str):
     """parse_argstring, but an unknown flag is named (with a suggestion) before anything else."""
     import difflib
     import shlex
 
-    known = list(magic.parser._option_string_actions)
+    known = [flag for action in parser_actions(parser) for flag in action.option_strings]
     try:
         tokens = shlex.split(line)  # POSIX quoting: --simulate "speed=1,0.5; latency=5ms" is one value
     except ValueError as exc:
-        raise UsageError(f"%{magic.__name__}: {exc} (check the quotes). See %{magic.__name__}? for all options.")
+        raise UsageError(f"%{name}: {exc} (check the quotes). See %{name}? for all options.")
     for token in tokens:
         flag = token.split("=", 1)[0]
         if flag.startswith("-") and not _is_number(flag) and flag not in known:
             close = difflib.get_close_matches(flag, known, n=1)
             hint = f" Did you mean {close[0]}?" if close else ""
-            raise UsageError(f"unknown option {flag} for %{magic.__name__}.{hint} See %{magic.__name__}? for all options.")
-    return magic.parser.parse_args(tokens)
+            raise UsageError(f"unknown option {flag} for %{name}.{hint} See %{name}? for all options.")
+    return parser.parse_args(tokens)
 
 
 def _is_number(text: str) -> bool:
@@ -238,15 +269,21 @@ def _is_number(text: str) -> bool:
         return False
 
 
-_DIST_ARGS_BY_ACTION = {"start": {"n", "engines", "profile"}, "connect": {"profile", "cluster_id", "file"},
+_DIST_ARGS_BY_ACTION = {"start": {"n", "engines", "profile", "kernel_gpu"},
+                        "connect": {"profile", "cluster_id", "file", "kernel_gpu"},
                         "stop": {"stale"}}
 
 
 def _refuse_unused(parser, args):
     """An option given a value that the chosen action does not read is an error, not ignored."""
     used = _DIST_ARGS_BY_ACTION.get(args.action, set())
-    extra = [action.option_strings[0] for action in parser._actions
+    extra = [action.option_strings[0] for action in parser_actions(parser)
              if action.option_strings and action.dest not in used | {"help"}
              and getattr(args, action.dest) != action.default]
     if extra:
         raise UsageError(f"{', '.join(extra)} does not apply to %dist {args.action}; see %dist?")
+
+
+_DISTRIBUTE_DOC = NbdistMagics.distribute.__doc__
+_forget_parser()
+on_register(_forget_parser)

@@ -1,6 +1,8 @@
-"""The options reference of README.md, generated from the magics' own argument parsers.
+"""What is generated from the strategy registry: README.md's options reference (from the magics' own
+argument parsers) and the JupyterLab sidebar's offline list of strategies.
 
-    python -m nbdist.options_reference --write README.md   # refresh the block between the markers
+    python -m nbdist.options_reference --write README.md                       # the block between the markers
+    python -m nbdist.options_reference --strategies labextension/src/strategies.ts   # scripts/setup.sh runs it
 """
 
 from __future__ import annotations
@@ -13,15 +15,15 @@ START, END = "<!-- options:start (python -m nbdist.options_reference --write REA
 
 def markdown() -> str:
     """One table per magic: each option with its help text, and for `%%distribute` which strategies read it."""
-    from .magics import NbdistMagics
-    from .strategies import COMMON_OPTIONS, REGISTRY
+    from .magics import NbdistMagics, distribute_parser, parser_actions
+    from .strategies import COMMON_OPTIONS, readers
 
-    common = {option.dest for option in COMMON_OPTIONS} | {"mode", "name"}
+    common = {option.name for option in COMMON_OPTIONS} | {"mode", "name"}
     blocks = []
-    for magic, parser in (("%dist", NbdistMagics.dist.parser), ("%%distribute", NbdistMagics.distribute.parser)):
+    for magic, parser in (("%dist", NbdistMagics.dist.parser), ("%%distribute", distribute_parser())):
         rows = ["| option | what it does |" + (" read by |" if magic == "%%distribute" else ""),
                 "|---|---|" + ("---|" if magic == "%%distribute" else "")]
-        for action in parser._actions:
+        for action in parser_actions(parser):
             if action.dest == "help":
                 continue
             flag = ", ".join(action.option_strings) or action.dest
@@ -32,8 +34,7 @@ def markdown() -> str:
                 text += f" (one of: {', '.join(map(str, action.choices))})"
             row = f"| `{flag}` | {text} |"
             if magic == "%%distribute":
-                readers = [n for n, cls in sorted(REGISTRY.items()) if action.dest in cls.options]
-                row += " all |" if action.dest in common else f" {', '.join(readers) or '-'} |"
+                row += " all |" if action.dest in common else f" {', '.join(sorted(readers(action.dest))) or '-'} |"
             rows.append(row)
         blocks.append(f"`{magic}`\n\n" + "\n".join(rows))
     return "\n\n".join(blocks) + "\n"
@@ -48,10 +49,25 @@ def updated(text: str) -> str:
     return f"{head}{START}\n{markdown()}{END}{tail}"
 
 
+def strategies_module() -> str:
+    """The TypeScript module of the sidebar's offline strategy list (before a kernel says which it knows)."""
+    from .strategies import REGISTRY
+
+    names = ",\n".join(f"  '{name}'" for name in REGISTRY)
+    return ("// Generated from nbdist's strategy registry by `python -m nbdist.options_reference --strategies "
+            "labextension/src/strategies.ts`; do not edit.\n\n"
+            "/** The strategies offered before a kernel has said which it knows. */\n"
+            f"export const DEFAULT_STRATEGIES = [\n{names}\n];\n")
+
+
 def main(argv: list[str]) -> None:
     if len(argv) == 2 and argv[0] == "--write":
         path = Path(argv[1])
         path.write_text(updated(path.read_text()))
+    elif len(argv) == 2 and argv[0] == "--strategies":
+        path = Path(argv[1])
+        if not path.exists() or path.read_text() != strategies_module():  # unchanged: the build stays cached
+            path.write_text(strategies_module())
     else:
         print(markdown())
 

@@ -44,7 +44,7 @@ class TextProgress:
         line = f"nbdist: run {run.id} ({run.strategy} on engine(s) {run.workers}) {run.status}"
         if run.duration_s is not None:
             line += f" in {run.duration_s:.1f} s"
-        final = {k: v[-1] for k, v in run.history.items() if v}
+        final = run.final_metrics
         if final:
             line += ": " + ", ".join(f"{k} {v:.4f}" for k, v in final.items())
         print(line, file=sys.stdout)

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import ipaddress
-import os
-import socket
 import threading
-from urllib.parse import urlparse
 
 from .errors import ClusterError
 
@@ -19,7 +15,7 @@ def require_horovod():
     except ImportError as exc:
         raise ClusterError(
             f"--strategy hfdt needs Horovod in the notebook's environment ({exc}). "
-            "Install it with `make setup` (builds Horovod 0.28.1 once and caches the wheel)."
+            "Install it with `python -m nbdist.horovod install` (builds Horovod 0.28.1 once and caches the wheel)."
         ) from None
     return hosts, http_server
 
@@ -40,25 +36,6 @@ def host_plan(hostnames: list[str]):
     waiting = {name: [i for i, h in enumerate(hostnames) if h == name] for name in counts}
     order = [waiting[slot.hostname].pop(0) for slot in slots]
     return order, slots
-
-
-def rendezvous_address(client, all_local: bool) -> str:
-    """The address engines use to reach this kernel: loopback for a local cluster, else the
-    kernel's address on the network it shares with the controller (NBDIST_RENDEZVOUS_ADDR overrides)."""
-    if os.environ.get("NBDIST_RENDEZVOUS_ADDR"):
-        return os.environ["NBDIST_RENDEZVOUS_ADDR"]
-    if all_local:
-        return "127.0.0.1"
-    config = getattr(client, "_config", None) or {}  # ipyparallel keeps the connection info here
-    controller = urlparse(config.get("registration", "") or "").hostname or ""
-    try:
-        if controller and not ipaddress.ip_address(controller).is_loopback:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # a route lookup: sends nothing
-                probe.connect((controller, 9))
-                return probe.getsockname()[0]
-    except (OSError, ValueError):
-        pass
-    return socket.gethostbyname(socket.gethostname())
 
 
 class Rendezvous:

@@ -15,14 +15,28 @@ def table(header: list[str], rows: list[list]) -> str:
 
 
 def engine_table(rows) -> str:
-    """One row per engine: id, host, pid, CPUs, GPUs, TF/Keras/Horovod versions, state."""
+    """One row per engine: id, host, pid, CPUs, GPUs it sees, TF/Keras/Horovod versions, state, and (on
+    GPU hosts) the host GPU it was pinned to (nbdist.gpus; * when memory growth is on: a shared GPU)."""
     if not rows:
         return "no engines (start some with %dist start -n 2)"
-    return table(
-        ["id", "host", "pid", "cpus", "gpus", "tensorflow", "keras", "horovod", "state"],
+    pinned = any(i.gpu for i, _ in rows)
+    text = table(
+        ["id", "host", "pid", "cpus", "gpus", "tensorflow", "keras", "horovod", "state", *(["gpu"] if pinned else [])],
         [[i.id, i.host, i.pid, i.cpus, len(i.gpus) if i.gpus is not None else "?", i.tensorflow or "-",
-          i.keras or "-", i.horovod or "-", state] for i, state in rows],
+          i.keras or "-", i.horovod or "-", state, *([i.gpu or "-"] if pinned else [])] for i, state in rows],
     )
+    if any((i.gpu or "").endswith("*") for i, _ in rows):
+        text += "\n* shared GPU (with other engines or the notebook): TensorFlow's memory growth is on"
+    return text
+
+
+def compatibility_notice(cluster, rows) -> str:
+    """Warnings about engines that differ from the notebook (nbdist.compat), each shown once per connection."""
+    from . import compat, engine
+
+    fresh = [p for p in compat.problems(engine.versions(), [info for info, _ in rows]) if p.key not in cluster.warned]
+    cluster.warned.update(p.key for p in fresh)
+    return "\n".join(p.text() for p in fresh)
 
 
 def run_table(runs) -> str:
@@ -30,7 +44,7 @@ def run_table(runs) -> str:
         return "no runs yet"
     rows = []
     for run in runs:
-        final = {k: v[-1] for k, v in run.history.items() if v}
+        final = run.final_metrics
         summary = ", ".join(f"{k} {v:.4f}" for k, v in list(final.items())[:3]) or (run.error or "")[:60]
         started = time.strftime("%H:%M:%S", time.localtime(run.started_at)) if run.started_at else "-"
         duration = f"{run.duration_s:.1f}" if run.duration_s is not None else "-"
@@ -46,8 +60,7 @@ def worker_table(run) -> str:
         records = [r for fit in run.results.get(eid, []) for r in fit.records]
         last = records[-1] if records else {}
         taus = [p["staleness"] for p in pushes if p["worker"] == rank and p["staleness"] is not None]
-        state = ("died" if any(e["rank"] == rank for e in run.events_of("worker_died")) else
-                 "evicted" if any(e["value"] == rank for e in run.events_of("control:evict")) else
+        state = ("died" if rank in run.dead_ranks() else "evicted" if rank in run.evicted_ranks() else
                  "done" if eid in run.results else "-")
         rows.append([rank, eid, run.hosts.get(eid, {}).get("host", "-"), last.get("step", "-"),
                      f"{last['loss']:.4f}" if last.get("loss") is not None else "-",

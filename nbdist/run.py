@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 
 from . import engine, errors
 from .cluster import ClusterHandle
+from .control_bus import ControlBus
 from .keras_bridge import FitResult
+from .netroute import address_towards_cluster
 from .telemetry import make_record
 
 POLL_S = 0.25
@@ -35,6 +37,7 @@ class Run:
         ps: each parameter-server shard's counters and push log (PS strategies).
         notes: what the user should know about the run (an effective momentum that risks divergence).
         sent: the bytes of notebook models sent to the engines before training, and to which engines.
+        services: the processes the run started for itself (parameter-server shards), with their pids.
     """
 
     strategy: str
@@ -56,6 +59,7 @@ class Run:
     notes: list[str] = field(default_factory=list)
     hosts: dict[int, dict] = field(default_factory=dict)  # engine id -> {"host", "gpus"}
     sent: dict = field(default_factory=dict)  # what the kernel sent before training: {"model_bytes", "models"}
+    services: list[dict] = field(default_factory=list)  # processes started for the run: {"kind", "pid", "host", ...}
     controller: object = field(default=None, repr=False)  # the strategy object while it runs
     thread: object = field(default=None, repr=False)  # the `Background` of a --background run not yet waited for
     display: object = field(default=None, repr=False)  # its dashboard or progress line
@@ -63,12 +67,11 @@ class Run:
 
     @property
     def fits(self) -> list[FitResult]:
-        """The results of the first worker (in rank order) that finished and was not evicted, one per
-        `fit` call: what the notebook's model receives."""
-        evicted = {self.workers[e["value"]] for e in self.events_of("control:evict")
-                   if isinstance(e["value"], int) and e["value"] < len(self.workers)}
-        order = [eid for eid in self.workers if eid not in evicted] + [eid for eid in self.workers if eid in evicted]
-        return next((self.results[eid] for eid in order if self.results.get(eid)), [])
+        """What the notebook's model receives, one result per `fit` call: the strategy's `gather_result`
+        (by default, the first worker in rank order that finished and was not evicted)."""
+        from .strategies import REGISTRY
+
+        return REGISTRY[self.strategy].gather_result(self)
 
     @property
     def history(self) -> dict:
@@ -86,17 +89,66 @@ class Run:
         """One metrics record per push the first PS shard saw (DESIGN.md section 8, PS fields set)."""
         if not self.ps:
             return []
-        shard = self.ps[0]
-        fields = shard["log_fields"]
-        records = []
-        for entry in shard["log"]:
-            e = dict(zip(fields, entry))
-            records.append(make_record(run=self.id, worker=e["worker"], step=e["step"], t=e["t"],
-                                       staleness=e["staleness"], gamma=e["gamma"], version=e["version"],
-                                       phase="push", momentum=e["momentum"], comp_norm=e["comp_norm"],
-                                       applied=e["outcome"] == "applied", dropped=e["outcome"] == "dropped",
-                                       rejected=str(e["outcome"]).startswith("rejected")))
-        return records
+        offset = (self.started_at or 0.0) if self.clock == "virtual" else 0.0  # the shards log virtual seconds
+        return [push_record(self.id, {**row, "t": row["t"] + offset})
+                for row in log_rows(self.ps[0]["log_fields"], self.ps[0]["log"])]
+
+    # -- facts every view of the run reads (dashboard, sidebar, progress line, reports) ------------
+    def latest(self, rank: int = 0) -> dict:
+        """The latest progress data a worker published (record, epochs, steps, batch), {} before any."""
+        return dict(self.progress.get(self.workers[rank]) or {}) if rank < len(self.workers) else {}
+
+    @property
+    def progress_fraction(self) -> float | None:
+        """Rank 0's share of its planned steps (1.0 once done); None before its first record."""
+        if self.status == "done":
+            return 1.0
+        latest = self.latest(0)
+        epochs, steps, record = latest.get("epochs"), latest.get("steps"), latest.get("record") or {}
+        if not (epochs and steps):
+            return None
+        position = (record.get("epoch") or 0) * steps + (latest.get("batch") or 0)
+        return round(min(1.0, position / (epochs * steps)), 4)
+
+    @property
+    def clock(self) -> str:
+        """real, or virtual: the time in `metrics`, `push_records` and the History's epoch ends is then the
+        run's start plus virtual seconds."""
+        from .hetero import parse_clock
+
+        return parse_clock(self.options.get("simulate"))[0]
+
+    @property
+    def virtual_step(self) -> str | None:
+        """On the virtual clock, the step cost the run used (given, or measured on one engine), as
+        `--simulate ... step=` writes it: what reproduces the run."""
+        return next((f.timings.get("virtual_step") for f in self.fits if f.timings.get("virtual_step")), None)
+
+    @property
+    def final_metrics(self) -> dict:
+        """The last value of every History key (the run's final loss and metrics)."""
+        return {k: v[-1] for k, v in self.history.items() if v}
+
+    def dead_ranks(self) -> set[int]:
+        """Ranks whose engine died or whom the PS dropped as silent."""
+        return {e["rank"] for e in self.events_of("worker_died")} | \
+            {e["worker"] for e in self.events_of("worker_dropped")}
+
+    def evicted_ranks(self) -> set[int]:
+        """Ranks evicted by a control."""
+        return {e["value"] for e in self.events_of("control:evict") if isinstance(e["value"], int)}
+
+    def stop(self) -> str:
+        """End the run: gracefully through the strategy's controls when it has a stop (weights kept),
+        else as the kernel's interrupt would. Says which."""
+        if self.status != "running":
+            return f"run {self.id} is {self.status}; nothing to stop"
+        try:
+            self.control("stop")
+            return f"run {self.id}: stopping; the weights trained so far are kept"
+        except errors.NbdistError:
+            self.stop_requested = True
+            return f"run {self.id}: interrupting its engines"
 
     @property
     def metrics(self) -> list[dict]:
@@ -128,6 +180,19 @@ class Run:
         return f"<Run {self.id} {self.strategy} on engines {self.workers}: {self.status}>"
 
 
+def log_rows(fields, entries) -> list[dict]:
+    """A PS push log (`fields`, and one list per push) as one dict per push."""
+    return [dict(zip(fields, entry)) for entry in entries]
+
+
+def push_record(run_id: int, row: dict) -> dict:
+    """A metrics record (DESIGN.md section 8, PS fields set) of one push-log row."""
+    return make_record(run=run_id, worker=row["worker"], step=row["step"], t=row["t"], staleness=row["staleness"],
+                       gamma=row["gamma"], version=row["version"], phase="push", momentum=row["momentum"],
+                       comp_norm=row["comp_norm"], applied=row["outcome"] == "applied",
+                       dropped=row["outcome"] == "dropped", rejected=str(row["outcome"]).startswith("rejected"))
+
+
 def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None) -> Run:
     """Run the training cell on the run's workers and wait for it, bounded and interruptible.
 
@@ -140,9 +205,13 @@ def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None) -> Run
     run.hosts = {eid: {"host": cluster.info(eid).host, "gpus": list(cluster.info(eid).gpus or [])}
                  for eid in run.workers}
     pending: dict = {}
+    bus = None
     try:
+        if strategy.uses_control_bus:
+            bus = strategy.bus = ControlBus().start(address_towards_cluster(
+                cluster.client, all(cluster.shares_network(e) for e in run.workers)))
         config = strategy.prepare(run, cluster)
-        pending = _submit(run, cluster, config)
+        pending = _submit(run, cluster, config, bus.spec() if bus is not None else None)
         _wait(run, cluster, strategy, pending, on_progress)
         run.status = "done"
     except KeyboardInterrupt:
@@ -155,13 +224,17 @@ def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None) -> Run
     finally:
         run.ended_at = time.time()
         strategy.finish(run)
+        if bus is not None:
+            bus.stop()
+            strategy.bus = None
         run.controller = None
     return run
 
 
-def _submit(run: Run, cluster: ClusterHandle, config: dict) -> dict:
-    base = {"run": run.id, "strategy": run.strategy, "options": run.options, "size": len(run.workers),
-            "seed": run.options.get("seed"), "cell": run.cell, "cell_start": run.started_at, "config": config}
+def _submit(run: Run, cluster: ClusterHandle, config: dict, control: dict | None) -> dict:
+    base = {"run": run.id, "strategy": run.strategy, "options": run.controller.values, "size": len(run.workers),
+            "seed": run.options.get("seed"), "cell": run.cell, "cell_start": run.started_at, "config": config,
+            "control": control}
     return {eid: cluster.client[eid].apply_async(engine.run_training_cell, {**base, "rank": rank})
             for rank, eid in enumerate(run.workers)}
 

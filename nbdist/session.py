@@ -37,6 +37,8 @@ class Session:
         self.runs: list[runs.Run] = []
         self.current_cell_id: str | None = None  # set by a pre_run_cell hook in a notebook
         self.listeners: list = []  # callables told what changed ("cluster", "definitions", "run", "progress")
+        self.cell_hook = None  # the pre_run_cell hook that keeps `current_cell_id` (set by %load_ext)
+        self.lab = None  # the JupyterLab sidebar's channel, in a Jupyter kernel
 
     def changed(self, what: str) -> None:
         """Tell the listeners (the JupyterLab sidebar's channel) that part of the state changed."""
@@ -255,6 +257,9 @@ class Session:
                   f"{event['after_s']:.1f} s into run {run.id}; the run finished with the other workers.")
         for note in run.notes:
             print(note)
+        if run.virtual_step:
+            print(f"nbdist: virtual clock: a step at speed 1 costs {run.virtual_step}; --simulate \"...; "
+                  f"clock=virtual; step={run.virtual_step}\" reproduces this run.")
         for written in (f for fit in run.fits for f in fit.files):
             print(f"nbdist: {written['callback']} of the cell wrote {written['path']} on host {written['host']} "
                   "(rank 0's engine; the other workers did not write files).")

@@ -51,31 +51,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
-# Horovod 0.28.1 needs one CMake line removed to build against TF 2.21 (shared/ENVIRONMENT.md).
+# Horovod 0.28.1, by nbdist's own recipe (nbdist/horovod.py: the one-line CMake fix TF 2.21 needs; Gloo,
+# plus MPI and NCCL where this host has them), the wheel cached in $CACHE; users run the same command.
 hvd_stamp="$VENV/.nbdist-horovod"
 if [ "$(cat "$hvd_stamp" 2>/dev/null)" != "$HOROVOD_VERSION $TF_PACKAGE" ]; then
-  mkdir -p "$CACHE"
-  tfver=$("$VPY" -c "import tensorflow as tf; print(tf.__version__)")
-  wheel_dir="$CACHE/horovod-$HOROVOD_VERSION-tf$tfver-py$("$VPY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')"
-  if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
-    say "building Horovod $HOROVOD_VERSION against TensorFlow $tfver (about 4 minutes, once)"
-    work=$(mktemp -d)
-    trap 'rm -rf "$work"' EXIT
-    pip_quiet download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work"
-    tar -xzf "$work"/horovod-*.tar.gz -C "$work"
-    src="$work/horovod-$HOROVOD_VERSION"
-    sed -i '/xla_mpi_ops.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
-    "$VPY" -m pip uninstall -y -q cmake >/dev/null 2>&1 || true
-    mkdir -p "$wheel_dir"
-    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j"$(nproc)" \
-    CMAKE_POLICY_VERSION_MINIMUM=3.5 PATH="/usr/bin:$PATH" \
-      pip_quiet wheel -q --no-deps --no-build-isolation "$src" -w "$wheel_dir"
-  fi
-  say "installing cached Horovod wheel from $wheel_dir"
-  pip_quiet install -q --no-deps "$wheel_dir"/horovod-*.whl
-  pip_quiet install -q cloudpickle psutil pyyaml packaging
-  "$VPY" -c "import horovod.tensorflow" >/dev/null 2>&1 || { echo "Horovod does not import; delete $wheel_dir and rerun" >&2; exit 1; }
+  NBDIST_CACHE="$CACHE" "$VPY" -m nbdist.horovod install
   echo "$HOROVOD_VERSION $TF_PACKAGE" > "$hvd_stamp"
 fi
 # The JupyterLab extension (labextension/): node modules installed once per package.json + yarn.lock,
@@ -84,6 +64,7 @@ fi
 # builds it through hatch-jupyter-builder; this step keeps it current afterwards.
 VBIN="$(cd "$VENV/bin" && pwd)"
 quiet_or_fail() { local out; out=$(cd labextension && PATH="$VBIN:$PATH" "$@" 2>&1) || { echo "$out" >&2; return 1; }; }
+"$VPY" -m nbdist.options_reference --strategies labextension/src/strategies.ts  # the sidebar's list, from the registry
 lab_stamp="$VENV/.nbdist-labextension"
 lab_want=$(cd labextension && cat package.json yarn.lock .yarnrc.yml tsconfig.json $(find src style -type f | sort) | sha1sum | cut -c1-16)
 if [ "$(cat "$lab_stamp" 2>/dev/null)" != "$lab_want" ] || [ ! -f "$VENV/share/jupyter/labextensions/nbdist/package.json" ]; then

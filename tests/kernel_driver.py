@@ -33,9 +33,9 @@ class Reply:
 class KernelDriver:
     """A kernel started with this Python, executing cells with bounded timeouts."""
 
-    def __init__(self, cwd=None, env=None):
+    def __init__(self, cwd=None, env=None, python=None):
         self.km = KernelManager(kernel_name="python3")
-        self.km.kernel_spec.argv[0] = sys.executable  # the venv's Python, whatever spec is installed
+        self.km.kernel_spec.argv[0] = python or sys.executable  # the venv's Python, whatever spec is installed
         kwargs = {"cwd": cwd} if cwd else {}
         if env is not None:
             kwargs["env"] = env

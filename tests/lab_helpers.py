@@ -41,9 +41,9 @@ class LabServer:
 
 
 @contextlib.contextmanager
-def jupyter_lab(root: Path):
-    """JupyterLab on 127.0.0.1 serving `root`; on exit it is stopped, and so is every process it started
-    (kernels, and the clusters those kernels started) that outlives it."""
+def jupyter_lab(root: Path, python: str = sys.executable, env: dict | None = None):
+    """JupyterLab of `python`'s environment on 127.0.0.1 serving `root`; on exit it is stopped, and so is
+    every process it started (kernels, and the clusters those kernels started) that outlives it."""
     import psutil
 
     if not os.path.exists(CHROMIUM):
@@ -51,11 +51,12 @@ def jupyter_lab(root: Path):
     port, token = free_port(), uuid.uuid4().hex
     log = root / "lab.log"
     server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+        [python, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
          f"--IdentityProvider.token={token}", "--ServerApp.allow_root=True", f"--ServerApp.root_dir={root}",
          f"--LabApp.user_settings_dir={root / 'user-settings'}", f"--LabApp.workspaces_dir={root / 'ws'}"],
         stdout=subprocess.DEVNULL, stderr=open(log, "wb"),
-        env={k: v for k, v in os.environ.items() if k != "NBDIST_PROGRESS"})  # a browser: auto = dashboard
+        env={k: v for k, v in (os.environ if env is None else env).items()
+             if k != "NBDIST_PROGRESS"})  # a browser: auto = dashboard
     try:
         deadline = time.time() + START_TIMEOUT_S
         while True:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nbdist.experiments import MODELS
-from tests.test_dashboard import eventually
-from tests.test_nfdt import idle_engines
+from tests.support import eventually, idle_engines
 
 pytestmark = pytest.mark.cluster
 

@@ -6,19 +6,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from nbdist.ashl.meeting import SPEC as ASHL_MEETING
 from nbdist.ashl.coordinator import Coordinator
 from nbdist.ps import wire
 from nbdist.ps.compression import PushCompressor, decode_push
-from nbdist.ps.server import Shard
+from nbdist.ps.shard import Shard
 from nbdist.run import Run
-from nbdist.strategies.ashl import ProportionalBatches
-from tests.test_ps_shard import SGD, W0, grads, message
+from nbdist.ashl.batches import ProportionalBatches
+from tests.support import SGD, W0, grads, message
 
 EXPECTED = {name: (w.shape, "float32") for name, w in W0.items()}
 
 
 def ashl_shard(workers=2, groups=None) -> Shard:
-    shard = Shard({"workers": workers, "ashl": {"profile_groups": groups or []},
+    shard = Shard({"workers": workers, "extension": {"class": ASHL_MEETING, "config": {"profile_groups": groups or []}},
                    "rule": {"preset": "ddc-asgd", "workers": workers}})
     shard.handle(b"w0", message("init", W0, worker=0, optimizer=SGD, trainable=list(W0), layout=list(W0)))
     return shard
@@ -103,50 +104,10 @@ def test_when_the_every_step_workers_are_done_the_lagging_one_is_told_to_stop():
 
 def test_coordination_messages_are_refused_outside_ashl_and_allocations_checked():
     plain = Shard({"workers": 1})
-    with pytest.raises(wire.Rejected, match="ashl"):
+    with pytest.raises(wire.Rejected, match="unknown kind 'turn'"):
         plain.handle(b"w0", message("turn", worker=0))
     with pytest.raises(wire.Rejected, match="positive whole batches"):
         ashl_shard().handle(b"k", message("control", worker="controller", action="allocate", value={"batches": [0]}))
-
-
-@pytest.mark.parametrize("mode", ["fp16", "topk"])
-def test_a_compressed_push_is_applied_as_the_dense_gradient_it_encodes(mode):
-    compressor = PushCompressor(density=0.5)
-    compressor.policy.mode = mode
-    g = {name: np.linspace(-1, 1, w.size, dtype=np.float32).reshape(w.shape) for name, w in W0.items()}
-    sent = compressor.encode(g)
-    dense = decode_push(sent, mode, EXPECTED)
-    if mode == "fp16":
-        assert all(np.abs(dense[n] - g[n]).max() <= 1e-3 for n in g)
-    else:
-        for name in g:  # what was not sent is exactly what top-k kept back
-            assert np.allclose(dense[name] + compressor.topk[name].residual, g[name])
-    shard = ashl_shard(workers=1)
-    shard.handle(b"w0", message("pull", worker=0))
-    before = shard.variables["dense/kernel"].copy()
-    shard.handle(b"w0", message("push", sent, worker=0, version=0, step=1, compression=mode, compression_reason="x"))
-    assert before - shard.variables["dense/kernel"] == pytest.approx(0.5 * dense["dense/kernel"], abs=1e-6)
-    assert shard.events[-1]["event"] == "compression" and shard.events[-1]["mode"] == mode
-
-
-def test_leaving_top_k_sends_what_it_held_back():
-    compressor = PushCompressor(density=0.2)
-    compressor.policy.mode = "topk"
-    g = {"v": np.arange(10, dtype=np.float32)}
-    first = decode_push(compressor.encode(g), "topk", {"v": ((10,), "float32")})
-    compressor.policy.mode = "none"
-    second = compressor.encode(g)
-    assert np.allclose(first["v"] + second["v"], 2 * g["v"]) and compressor.topk == {}
-
-
-@pytest.mark.parametrize("arrays, message_", [
-    ({"v|idx": np.array([10], np.int64), "v|val": np.array([1.0], np.float32)}, "outside"),
-    ({"v|idx": np.array([1], np.int32), "v|val": np.array([1.0], np.float32)}, "int64"),
-    ({"v": np.zeros(10, np.float32)}, "NAME|idx"),
-])
-def test_malformed_top_k_pushes_are_refused_by_what_is_wrong(arrays, message_):
-    with pytest.raises(ValueError, match=message_):
-        decode_push(arrays, "topk", {"v": ((10,), "float32")})
 
 
 def profiles(*per_sample):

@@ -71,38 +71,6 @@ def test_no_switch_on_a_single_check_or_before_a_fifth_of_the_epochs():
     assert run_checks(early + [Check(epoch=2.0, epochs=10, loss=1.0, lr_decayed=True)])[-1] is not None
 
 
-def test_top_k_with_error_feedback_carries_exactly_what_was_not_sent():
-    rng = np.random.default_rng(0)
-    topk = TopK((50, 4), density=0.05)
-    sent_total, grad_total = np.zeros((50, 4)), np.zeros((50, 4))
-    for _ in range(20):
-        g = rng.normal(size=(50, 4)).astype(np.float32)
-        indices, values = topk.compress(g)
-        assert len(indices) == 10
-        sent_total += TopK.decompress(indices, values, (50, 4))
-        grad_total += g
-    np.testing.assert_allclose(sent_total + topk.residual, grad_total, atol=1e-5)
-
-
-def test_fp16_round_trip_error_is_within_half_precision():
-    rng = np.random.default_rng(1)
-    g = (rng.normal(size=10_000) * 10.0 ** rng.integers(-4, 4, size=10_000)).astype(np.float32)
-    back = from_fp16(to_fp16(g))
-    normal = np.abs(g) >= np.finfo(np.float16).tiny
-    assert np.all(np.abs(back - g)[normal] <= 2.0 ** -11 * np.abs(g)[normal])  # half a unit in the last place
-    assert np.all(np.abs(back - g)[~normal] <= 2.0 ** -25)  # subnormal spacing
-    assert from_fp16(to_fp16(np.array([1e6, -1e6], np.float32))).tolist() == [65504.0, -65504.0]  # saturates
-
-
-def test_compression_policy_hysteresis_and_warm_up():
-    policy = CompressionPolicy()
-    assert policy.decide(comm_s=0.9, compute_s=0.1, epoch=1.0)[0] == "none"  # never in the first 2 epochs
-    assert policy.decide(comm_s=0.4, compute_s=0.6, epoch=2.5)[0] == "fp16"
-    assert policy.decide(comm_s=0.2, compute_s=0.8, epoch=3.0)[0] == "fp16"  # 20%: between off and on, stays
-    assert policy.decide(comm_s=0.1, compute_s=0.9, epoch=3.5)[0] == "none"
-    assert policy.decide(comm_s=0.7, compute_s=0.3, epoch=4.0)[0] == "topk"
-
-
 def test_adsp_commit_interval_search_climbs_to_the_faster_interval_and_comes_back_from_worse():
     from nbdist.strategies.adsp import IntervalSearch
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import DEFINITION
 from tests.lab_helpers import SCREENSHOTS, chromium_page, jupyter_lab
-from tests.test_nfdt import idle_engines
+from tests.support import idle_engines
 
 pytestmark = pytest.mark.cluster
 

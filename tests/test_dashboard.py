@@ -6,22 +6,11 @@ import time
 
 import pytest
 
-from tests.test_nfdt import SGD_CELL, idle_engines
+from tests.support import SGD_CELL, eventually, idle_engines
 
 pytestmark = pytest.mark.cluster
 
 LONG = SGD_CELL.format(lr=0.05, batch=32, epochs=200, steps="None", shuffle=True)
-
-
-def eventually(kernel, expression: str, timeout: float = 60):
-    """The value of `expression` once truthy, polled from the kernel (bounded)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = kernel.value(expression)
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"{expression} still falsy after {timeout} s")
 
 
 def test_background_run_with_dashboard_obeys_every_control(kernel, cluster):
@@ -29,9 +18,10 @@ def test_background_run_with_dashboard_obeys_every_control(kernel, cluster):
     kernel.run("%%distribute --strategy nfdt --workers 2 --background --progress dashboard\n" + LONG,
                timeout=120).check()
     kernel.run("run = nbdist.last_run; d = run.display").check()
-    # one trace per node and panel, and the loss and staleness traces of both nodes fill up
-    assert kernel.value("len(d.figure.data)") == 6 * 2 + 2  # a trace per node and panel, global and validation
-    eventually(kernel, "all(len(d._trace(p, k).y or ()) > 0 for p in ('loss', 'staleness') for k in (0, 1))")
+    # nfdt's four panels (loss, throughput, staleness and its distribution), a trace per node in each,
+    # and the loss and staleness traces of both nodes fill up
+    assert kernel.value("len(d.figure.data)") == 4 * 2 + 2  # a trace per node and panel, global and validation
+    eventually(kernel, "all(len(d.trace(p, k).y or ()) > 0 for p in ('loss', 'staleness') for k in (0, 1))")
 
     kernel.run("import time; t0 = time.time(); d.pause_button.click(); pause_s = time.time() - t0").check()
     assert kernel.value("pause_s") < 1.0 and "pause</b> acknowledged by 1 shard" in kernel.value("d.ack.value")
@@ -58,7 +48,7 @@ def test_background_run_with_dashboard_obeys_every_control(kernel, cluster):
     assert result["lrs"] == [0.025]  # 0.05 x the dashboard's 0.5
     assert {"control:pause", "control:resume", "control:lr_scale", "control:evict", "control:stop"} <= set(
         result["events"])
-    assert result["static"] == 14  # the final state as a static figure
+    assert result["static"] == 10  # the final state as a static figure
 
 
 def test_controls_on_a_finished_run_say_why_not(kernel):

@@ -67,6 +67,20 @@ def test_a_push_far_staler_than_the_mean_is_dropped_and_changes_nothing():
     assert w[0] == 1.0 and worker["ms"][0] == 0.0
 
 
+def test_one_ancient_gradient_is_dropped_without_lifting_tau_bar_for_the_pushes_after_it():
+    params = delay.preset("ddc-asgd", momentum=0.9, workers=4)
+    tau_bar, seen = 0.0, []
+    for tau in (3, 3, 3, 400, 3):  # by hand: tau_bar 0.3, 0.57, 0.813; 400 > 8 x 1.813 = 14.504
+        decision = delay.decide(params, tau_bar, tau)
+        tau_bar = decision.tau_bar
+        seen.append((round(tau_bar, 6), decision.dropped))
+    # the outlier feeds tau_bar only min(400, 14.504): 0.9 x 0.813 + 0.1 x 14.504 = 2.1821 (not 40.73)
+    assert seen == [(0.3, False), (0.57, False), (0.813, False), (2.1821, True), (2.26389, False)]
+    after = delay.decide(params, 2.1821, 3)
+    assert after.momentum == pytest.approx(max(0.0, 0.9 - 2.26389 / 3.26389) * after.gamma, abs=1e-6)
+    assert after.momentum > 0  # momentum is not switched off by the one outlier
+
+
 def test_special_case_momentum_free_asgd():
     w, _ = run(DelayParams(p=0, lam0=0, momentum=0, tau_drop=math.inf))
     expected = np.linspace(-1, 1, 6) - ETA * sum(g for _, g, _ in PUSHES)

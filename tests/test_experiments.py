@@ -60,3 +60,30 @@ def test_time_to_target_and_the_ratios_of_ashl_to_the_others():
     assert ssgd["time_to_target"] == pytest.approx(20.0) and ssgd["reached"] == 1
     assert adsp["time_to_target"] is None and adsp["bytes_sent"] is None and ashl["bytes_sent"] == 2e6
     assert result_lines(summary) == ["RESULT ashl_vs_ssgd_time=0.350", "RESULT ashl_vs_adsp_time=0"]
+
+
+def test_a_diverged_row_counts_as_failed_instead_of_crashing_the_summary():
+    results = [{"label": "asgd", "accuracy": acc, "wall_s": 1.0, "staleness_mean": 1.0, "staleness_max": 2,
+                "dropped": 0, "error": None} for acc in (0.8, float("nan"), 0.6)]
+    summary = summarise(results)[0]
+    assert summary["accuracy_mean"] == pytest.approx(0.7) and summary["failed"] == 1
+
+
+def test_the_ddc_claim_lines_come_from_the_rows_means():
+    from nbdist.experiments import ddc_result_lines
+
+    summary = [{"label": label, "accuracy_mean": acc} for label, acc in
+               (("local", 0.85), ("asgd:momentum=0", 0.80), ("asgd", 0.10), ("dc-asgdk", 0.81), ("ddc-asgd", 0.83))]
+    assert ddc_result_lines(summary) == ["RESULT ddc_minus_asgd_pts=2.00", "RESULT ddc_minus_dcasgdk_pts=2.00",
+                                         "RESULT ddc_gap_closed=0.500"]
+
+
+def test_rows_on_the_virtual_clock_share_one_step_cost_and_one_engine_rows_get_only_the_clock():
+    from types import SimpleNamespace
+
+    from nbdist.experiments.grid import row_simulate
+
+    args = SimpleNamespace(simulate="speed=1,1,0.2,0.1", clock="virtual", step="1ms+30us/sample")
+    rows = {r.label: r for r in parse_rows("local,ddc-asgd")}
+    assert row_simulate(rows["ddc-asgd"], args) == "speed=1,1,0.2,0.1; clock=virtual; step=1ms+30us/sample"
+    assert row_simulate(rows["local"], args) == "clock=virtual; step=1ms+30us/sample"

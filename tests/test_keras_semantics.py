@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tests.test_nfdt import idle_engines
+from tests.support import idle_engines
 
 pytestmark = pytest.mark.cluster
 

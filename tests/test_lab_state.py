@@ -62,8 +62,10 @@ def test_the_sidebar_offers_every_strategy_before_a_kernel_says_which():
     import re
     from pathlib import Path
 
+    from nbdist.options_reference import strategies_module
     from nbdist.strategies import REGISTRY
 
-    source = (Path(__file__).resolve().parent.parent / "labextension" / "src" / "model.ts").read_text()
+    source = (Path(__file__).resolve().parent.parent / "labextension" / "src" / "strategies.ts").read_text()
     listed = re.search(r"DEFAULT_STRATEGIES = \[(.*?)\]", source, re.S).group(1)
     assert sorted(re.findall(r"'([\w-]+)'", listed)) == sorted(REGISTRY)
+    assert source == strategies_module(), "run python -m nbdist.options_reference --strategies labextension/src/strategies.ts"

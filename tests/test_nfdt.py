@@ -7,34 +7,12 @@ import signal
 import time
 
 import numpy as np
-import psutil
 import pytest
 
 from nbdist.ps import checkpoint
-from tests.conftest import TRAIN
+from tests.support import SGD_CELL, idle_engines, push_log
 
 pytestmark = pytest.mark.cluster
-
-SGD_CELL = '''
-model = build()
-model.compile(optimizer=keras.optimizers.SGD({lr}), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-history = model.fit(x, y, batch_size={batch}, epochs={epochs}, steps_per_epoch={steps}, shuffle={shuffle},
-                    validation_data=(xt[:500], yt[:500]))
-'''
-
-
-def idle_engines(cluster, count: int) -> list[int]:
-    """At least `count` live engines (starting more if needed); returns their ids."""
-    ipp_cluster, client = cluster
-    missing = count - len(client.ids)
-    if missing > 0:
-        ipp_cluster.start_engines_sync(n=missing)
-        client.wait_for_engines(count, timeout=120, block=True)
-    return sorted(client.ids)[:count]
-
-
-def push_log(kernel) -> list[dict]:
-    return kernel.value("[dict(zip(s['log_fields'], e)) for s in nbdist.last_run.ps[:1] for e in s['log']]")
 
 
 def test_one_worker_plain_sgd_equals_sequential_sgd(kernel):
@@ -103,8 +81,7 @@ def test_ps_killed_fails_fast_with_the_checkpoint_then_resume_continues_from_it(
                            f"--checkpoint-dir {tmp_path}\n" + cell)
     kernel.collect(msg_id, timeout=180, until_output="step")
     saved = kernel_checkpoint(tmp_path)
-    shard = next(p for p in psutil.process_iter(["cmdline"]) if "nbdist.ps.server" in " ".join(p.info["cmdline"] or []))
-    shard.kill()
+    os.kill(kernel.value("nbdist.last_run.services[0]['pid']"), signal.SIGKILL)  # the shard this run started
     killed_at = time.time()
     reply = kernel.collect(msg_id, timeout=60)
     assert reply.status == "error" and reply.ename == "ParameterServerFailed", reply.error_text

@@ -10,19 +10,8 @@ import pytest
 import zmq
 
 from nbdist.ps import launcher, wire
-from nbdist.ps.server import LOG_FIELDS, Shard
-
-KEY = wire.new_key()
-W0 = {"dense/kernel": np.arange(6, dtype=np.float32).reshape(2, 3), "dense/bias": np.zeros(3, np.float32)}
-SGD = {"name": "SGD", "learning_rate": 0.5}
-
-
-def message(kind, arrays=None, **fields):
-    return wire.decode(KEY, wire.encode(KEY, kind, arrays, **fields))
-
-
-def grads(value=1.0):
-    return {name: np.full(w.shape, value, np.float32) for name, w in W0.items()}
+from nbdist.ps.shard import LOG_FIELDS, Shard
+from tests.support import KEY, SGD, W0, grads, message
 
 
 def ready_shard(workers=2, max_staleness=None) -> Shard:
@@ -247,7 +236,7 @@ def test_concurrent_pushes_of_large_arrays_all_get_intact_replies():
 
 def test_a_nan_gradient_is_skipped_by_the_worker_and_repeated_ones_stop_it():
     from nbdist.ps.client import PsClient
-    from nbdist.strategies.nfdt import MAX_NON_FINITE_IN_A_ROW, PushPull
+    from nbdist.ps.exchange import MAX_NON_FINITE_IN_A_ROW, PushPull
 
     info = launcher.start_shard({"shard": 0, "workers": 1}, KEY)
     address = [f"tcp://127.0.0.1:{info['port']}"]
@@ -255,7 +244,7 @@ def test_a_nan_gradient_is_skipped_by_the_worker_and_repeated_ones_stop_it():
         with PsClient(address, KEY, 0) as client:
             client.request("init", [W0], optimizer=SGD, trainable=list(W0))
             step = PushPull(client, [list(W0)], list(W0))
-            step.exchange("pull")
+            step.pull()
             good = step.push(*grads().values())
             np.testing.assert_allclose(good[0], W0["dense/kernel"] - 0.5)
             bad = grads()["dense/kernel"].copy()

@@ -13,7 +13,9 @@ import tensorflow as tf
 from nbdist.errors import ClusterError, OptionError
 from nbdist.rendezvous import Rendezvous, host_plan
 from nbdist.sharding import shard_arrays, shard_dataset, split_validation
-from nbdist.strategies.hfdt import _lr_scaler, interface_towards, require_resolvable
+from nbdist.netroute import interface_towards
+from nbdist.strategies.hfdt import require_resolvable
+from nbdist.strategies.horovod_ops import lr_scaler as _lr_scaler
 
 
 def test_split_validation_is_keras_own():

@@ -12,13 +12,16 @@ from nbdist.strategies import Option, Strategy
 class Pair(Strategy):
     name = "pair"
     min_workers = 2
-    options = ("zeta",)
+    reads = (Option("--zeta", "test", type=float),)
 
 
 @pytest.fixture
-def with_pair(monkeypatch):
-    monkeypatch.setitem(strategies.REGISTRY, "pair", Pair)
-    monkeypatch.setitem(strategies.STRATEGY_OPTIONS, "zeta", Option(("--zeta",), "test", (("type", float),)))
+def with_pair():
+    strategies.register(Pair)
+    try:
+        yield
+    finally:
+        strategies.unregister("pair")
 
 
 def test_local_picks_the_lowest_idle_engine():
@@ -57,7 +60,7 @@ def test_unknown_strategy_lists_the_known_ones():
 def test_option_of_another_strategy_is_refused_by_name(with_pair):
     with pytest.raises(OptionError, match="--zeta applies to pair, not to --strategy local"):
         strategies.make_strategy({"strategy": "local", "zeta": 0.1})
-    assert strategies.make_strategy({"strategy": "pair", "zeta": 0.1}).options["zeta"] == 0.1
+    assert strategies.make_strategy({"strategy": "pair", "zeta": 0.1}).values["zeta"] == 0.1
 
 
 def test_workers_and_targets_together_are_refused():

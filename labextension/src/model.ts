@@ -11,21 +11,9 @@ import {
   KernelMessage,
   parseMessage
 } from './protocol';
+import { DEFAULT_STRATEGIES } from './strategies';
 
-/** The strategies offered before a kernel has said which it knows. */
-export const DEFAULT_STRATEGIES = [
-  'local',
-  'hfdt',
-  'nfdt',
-  'asgd',
-  'dc-asgd',
-  'dc-asgd-a',
-  'dc-asgdk',
-  'ddc-asgd',
-  'ssgd',
-  'adsp',
-  'ashl'
-];
+export { DEFAULT_STRATEGIES };
 
 export class DistModel {
   private _state: IStateMessage | null = null;

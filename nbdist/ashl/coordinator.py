@@ -57,7 +57,7 @@ class Coordinator:
             self._consider_switch(run, progress, live)
 
     def _live(self, run) -> list[int]:
-        gone = {e["rank"] for e in run.events_of("worker_died")} | {e["worker"] for e in run.events_of("worker_dropped")}
+        gone = run.dead_ranks()
         return [r for r in range(self.workers) if r not in gone]
 
     def _copy_shard_events(self, run, events: list[dict]) -> None:

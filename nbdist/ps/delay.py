@@ -4,12 +4,13 @@ One general rule, ``ddc-asgd``; ``dc-asgd``, ``dc-asgd-a`` and ``dc-asgdk`` are 
 it. For a push from worker k with gradient g, computed on the weights w_bak[k] it pulled
 ``tau`` updates ago::
 
-    tau_bar <- rho*tau_bar + (1-rho)*tau                    (or frozen)
+    limit = tau_drop*(tau_bar+1)                            (tau_bar before this push)
+    tau_bar <- rho*tau_bar + (1-rho)*min(tau, limit)        (or frozen)
     c     = lam_t * g*g*(w - w_bak[k]), clipped to [-kappa|g|, kappa|g|]
     lam_t = lam (constant) or lam0 / sqrt(MS_k + 1e-7),  MS_k <- m*MS_k + (1-m)*g*g
     gamma = clip(((tau_bar+1)/(tau+1))**p, gamma_min, 1)
     mu_t  = max(0, mu - tau_bar/(tau_bar+1)) * gamma
-    tau > tau_drop*(tau_bar+1): dropped, w unchanged
+    tau > limit: dropped, w unchanged
     else: v <- mu_t*v - eta*gamma*(g + c);  w <- w + v
 """
 
@@ -78,14 +79,21 @@ class StepDecision:
 
 
 def decide(params: DelayParams, tau_bar: float, tau: int) -> StepDecision:
-    """Update the running mean delay with `tau` and derive gamma, the momentum used and the drop."""
+    """Update the running mean delay with `tau` and derive gamma, the momentum used and the drop.
+
+    DESIGN.md section 5, amended: the drop limit comes from tau_bar *before* this push, and
+    tau_bar is fed the delay clipped to that limit, so one ancient gradient cannot lift tau_bar
+    by tens and switch momentum off for the pushes after it.
+    """
     if params.frozen_tau_bar is not None:
         tau_bar = params.frozen_tau_bar
+        limit = params.tau_drop * (tau_bar + 1)
     else:
-        tau_bar = params.rho * tau_bar + (1 - params.rho) * tau
+        limit = params.tau_drop * (tau_bar + 1)
+        tau_bar = params.rho * tau_bar + (1 - params.rho) * min(tau, limit)
     gamma = min(1.0, max(params.gamma_min, ((tau_bar + 1) / (tau + 1)) ** params.p))
     momentum = max(0.0, params.momentum - tau_bar / (tau_bar + 1)) * gamma
-    return StepDecision(tau, tau_bar, gamma, momentum, dropped=tau > params.tau_drop * (tau_bar + 1))
+    return StepDecision(tau, tau_bar, gamma, momentum, dropped=tau > limit)
 
 
 def new_worker_state(shape, dtype=np.float32) -> dict[str, np.ndarray]:

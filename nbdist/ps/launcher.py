@@ -10,6 +10,7 @@ import threading
 
 from .. import lifeline
 from ..errors import ClusterError
+from ..netroute import local_ip_towards
 
 START_TIMEOUT_S = 60
 
@@ -67,19 +68,7 @@ def stop_shard(pid: int, timeout: float = 5.0) -> None:
     lifeline.untrack(pid)
 
 
-def bind_address_towards(address: str) -> str:
-    """This host's IP address on the interface that routes to `address` (loopback stays loopback)."""
-    import socket
-
-    if address.startswith("127."):
-        return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # a route lookup: sends nothing
-        probe.connect((address, 9))
-        return probe.getsockname()[0]
-
-
-
 def start_shard_towards(config: dict, key: bytes, towards: str) -> dict:
     """`start_shard` on an engine: bind to the interface that routes to the kernel at `towards`."""
-    ip = bind_address_towards(towards)
+    ip = local_ip_towards(towards)
     return {**start_shard({**config, "bind": ip}, key), "ip": ip}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..errors import NbdistError
 from . import checkpoint, launcher, wire
 from .client import PsClient, PsUnavailable, merged
-from .server import CONTROLLER
+from .shard import CONTROLLER
 
 MONITOR_INTERVAL_S = 1.0
 ENGINE_CALL_TIMEOUT_S = 60

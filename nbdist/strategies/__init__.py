@@ -1,118 +1,123 @@
-"""Strategy registry and the `%%distribute` options each strategy reads."""
+"""The strategy registry: every strategy nbdist knows, and the `%%distribute` options they read.
+
+Adding a strategy: its module (a `Strategy` subclass with its `Worker`), its docs page, and
+one line in `STRATEGIES` below (or `register(cls)` from elsewhere). The magic's parser and
+help, README's options table, the sidebar's list and the dashboard's panels follow.
+"""
 
 from __future__ import annotations
 
-from ..errors import OptionError
-from .base import Option, Strategy, Worker
-from .hfdt import HfdtStrategy
-from .local import LocalStrategy
-from .adsp import AdspStrategy
-from .ashl import AshlStrategy
-from .asgd import (AsgdStrategy, DcAsgdAdaptiveStrategy, DcAsgdKStrategy, DcAsgdStrategy,
-                   DdcAsgdStrategy, SsgdStrategy)
-from .nfdt import NfdtStrategy
+from ..errors import OptionError  # noqa: F401  (strategies.OptionError, for callers)
+from .base import Option, Reports, Strategy, Worker
 
 # Options every strategy reads; the magic shows them first.
 COMMON_OPTIONS = (
-    Option(("--strategy",), "how the engines train (see the table in README.md)",
-           (("default", "local"), ("metavar", "NAME"))),
-    Option(("--workers",), "number of engines to train on (default: the strategy's; all idle engines for "
-           "multi-worker strategies)", (("type", int), ("metavar", "N"))),
-    Option(("--targets",), "comma-separated engine ids to train on, instead of --workers",
-           (("metavar", "IDS"),)),
-    Option(("--seed",), "seed Python, NumPy and TensorFlow on every worker (keras.utils.set_random_seed) "
-           "so a run is reproducible", (("type", int), ("metavar", "S"))),
-    Option(("--progress",), "how the run shows itself: a live dashboard (widgets), a text progress line, "
+    Option("--strategy", "how the engines train (see the table in README.md)", default="local", metavar="NAME"),
+    Option("--workers", "number of engines to train on (default: the strategy's; all idle engines for "
+           "multi-worker strategies)", type=int, metavar="N", minimum=1),
+    Option("--targets", "comma-separated engine ids to train on, instead of --workers", metavar="IDS"),
+    Option("--seed", "seed Python, NumPy and TensorFlow on every worker (keras.utils.set_random_seed) "
+           "so a run is reproducible", type=int, metavar="S"),
+    Option("--progress", "how the run shows itself: a live dashboard (widgets), a text progress line, "
            "or nothing; auto (the default) picks the dashboard when a widget front end is connected",
-           (("default", "auto"), ("choices", ("auto", "dashboard", "text", "none")))),
-    Option(("--background",), "return at once with the Run (nbdist.last_run) while training goes on; "
-           "%%dist wait blocks until it ends and installs the model", (("action", "store_true"), ("default", False))),
+           default="auto", choices=("auto", "dashboard", "text", "none")),
+    Option("--background", "return at once with the Run (nbdist.last_run) while training goes on; "
+           "%%dist wait blocks until it ends and installs the model", flag_only=True, default=False),
 )
 
-# Options only some strategies read: name -> Option. Strategies list the names they read.
-STRATEGY_OPTIONS: dict[str, Option] = {
-    "compression": Option(("--compression",), "gradient compression on the allreduce: none or fp16",
-                          (("default", "none"), ("choices", ("none", "fp16")))),
-    "scale_lr": Option(("--scale-lr",), "multiply the learning rate by the number of workers (linear, "
-                       "the default) or leave it (none)", (("default", "linear"), ("choices", ("linear", "none")))),
-    "warmup_epochs": Option(("--warmup-epochs",), "ramp the scaled learning rate up over this many epochs "
-                            "(default 0: scaled from the first step)", (("type", float), ("default", 0.0),
-                                                                       ("metavar", "E"))),
-    "ps_shards": Option(("--ps-shards",), "number of parameter-server shards; variables are spread over them "
-                        "balanced by size (default 1)", (("type", int), ("default", 1), ("metavar", "S"))),
-    "ps_on": Option(("--ps-on",), "where the parameter-server shards run: notebook (this host, the default) or "
-                    "engines (one per worker host, round robin: for multi-host scale)",
-                    (("default", "notebook"), ("choices", ("notebook", "engines")))),
-    "max_staleness": Option(("--max-staleness",), "stale-synchronous bound: a worker whose pushed steps would "
-                            "lead the slowest live worker's by more than max(s, 1) waits; 0 is lock-step "
-                            "(default: unbounded)", (("type", int), ("metavar", "s"))),
-    "checkpoint_every": Option(("--checkpoint-every",), "save the parameter server's weights and optimizer "
-                               "state every this many seconds, and at the end (default 30)",
-                               (("type", float), ("default", 30.0), ("metavar", "SECONDS"))),
-    "checkpoint_dir": Option(("--checkpoint-dir",), "where checkpoints go, as run-N.npz (default "
-                             "nbdist-checkpoints, next to the notebook)",
-                             (("default", "nbdist-checkpoints"), ("metavar", "DIR"))),
-    "resume": Option(("--resume",), "start from the newest checkpoint in --checkpoint-dir (or from PATH) "
-                     "instead of the model's initial weights", (("nargs", "?"), ("const", "latest"),
-                                                                 ("metavar", "PATH"))),
-    "simulate": Option(("--simulate",), "make workers slower to study heterogeneity on one machine: "
-                       "'speed=1,1,0.5,0.25; bandwidth=1g,1g,100m,10m; latency=0,0,5ms,20ms' (one value per "
-                       "worker, or one for all)", (("metavar", "SPEC"),)),
-    "momentum": Option(("--momentum",), "the momentum mu the PS uses instead of the cell optimizer's "
-                       "(asgd:momentum=0 in comparisons; the delay rules' mu, default the optimizer's or 0.9)",
-                       (("type", float), ("metavar", "MU"))),
-    "lam": Option(("--lam",), "dc-asgd's constant compensation strength lambda (default 0.04)",
-                  (("type", float), ("metavar", "LAMBDA"))),
-    "lam0": Option(("--lam0",), "adaptive compensation: lambda_t = lam0/sqrt(MS_k + 1e-7) (default 2)",
-                   (("type", float), ("metavar", "LAMBDA0"))),
-    "p": Option(("--p",), "ddc-asgd: gamma = ((tau_bar+1)/(tau+1))**p (default 1; 0 turns it off)",
-                (("type", float), ("metavar", "P"))),
-    "gamma_min": Option(("--gamma-min",), "ddc-asgd: the smallest step scale gamma (default 0.1)",
-                        (("type", float), ("metavar", "G"))),
-    "kappa": Option(("--kappa",), "ddc-asgd: the compensation is clipped to kappa*|g| (default 1; inf: no clip)",
-                    (("type", float), ("metavar", "K"))),
-    "tau_drop": Option(("--tau-drop",), "ddc-asgd: drop a push with tau > tau_drop*(tau_bar+1) (default 8; "
-                       "inf: never)", (("type", float), ("metavar", "T"))),
-    "rho": Option(("--rho",), "ddc-asgd: decay of the running mean delay tau_bar (default 0.9)",
-                  (("type", float), ("metavar", "RHO"))),
-}
+REGISTRY: dict[str, type[Strategy]] = {}
+_listeners: list = []  # called with the class when one is registered (the magic rebuilds its parser)
 
-REGISTRY: dict[str, type[Strategy]] = {cls.name: cls for cls in (LocalStrategy, HfdtStrategy, NfdtStrategy, AsgdStrategy, DcAsgdStrategy,
-                                                             DcAsgdAdaptiveStrategy, DcAsgdKStrategy, DdcAsgdStrategy,
-                                                             SsgdStrategy, AdspStrategy, AshlStrategy)}
+
+def register(cls: type[Strategy]) -> type[Strategy]:
+    """Make `cls` a strategy of `%%distribute --strategy <cls.name>` (usable as a class decorator)."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    REGISTRY[cls.name] = cls
+    for listener in list(_listeners):
+        listener(cls)
+    return cls
+
+
+def unregister(name: str) -> None:
+    """Forget a strategy (tests that register their own)."""
+    REGISTRY.pop(name, None)
+    for listener in list(_listeners):
+        listener(None)
+
+
+def on_register(listener) -> None:
+    _listeners.append(listener)
 
 
 def strategy_names() -> list[str]:
     return sorted(REGISTRY)
 
 
-def option_line(options: dict) -> str:
-    """The `%%distribute` line that gives these option values (dest -> value), quoted for the magic."""
+def strategy_options() -> dict[str, Option]:
+    """Every option some strategy reads, by name, in the order strategies declare them."""
+    options: dict[str, Option] = {}
+    for cls in REGISTRY.values():
+        for option in cls.reads:
+            options.setdefault(option.name, option)
+    return options
+
+
+def readers(name: str) -> list[str]:
+    """The strategies that read option `name`, in registry order."""
+    return [n for n, cls in REGISTRY.items() if any(o.name == name for o in cls.reads)]
+
+
+def option_line(values: dict) -> str:
+    """The `%%distribute` line that gives these option values (name -> value), quoted for the magic."""
     import shlex
 
-    flags = {o.dest: o.flags[-1] for o in (*COMMON_OPTIONS, *STRATEGY_OPTIONS.values())}
+    flags = {o.name: o.flag for o in (*COMMON_OPTIONS, *strategy_options().values())}
     parts = []
-    for dest, value in options.items():
-        if dest not in flags:
-            raise OptionError(f"no %%distribute option for {dest!r}")
-        parts.append(f"{flags[dest]} {shlex.quote(str(value))}")
+    for name, value in values.items():
+        if name not in flags:
+            raise OptionError(f"no %%distribute option for {name!r}")
+        parts.append(f"{flags[name]} {shlex.quote(str(value))}")
     return " ".join(parts)
 
 
-def make_strategy(options: dict) -> Strategy:
-    """The strategy named by `options['strategy']`, after checking it reads every option given."""
-    name = options.get("strategy")
+def make_strategy(values: dict) -> Strategy:
+    """The strategy named by `values['strategy']`, after checking it reads every option given.
+
+    The instance's `values` holds the common options and every option it reads, defaults filled in.
+    """
+    name = values.get("strategy")
     if name not in REGISTRY:
         raise OptionError(f"Unknown strategy {name!r}. Choose one of: {', '.join(strategy_names())}.")
     cls = REGISTRY[name]
-    for key, option in STRATEGY_OPTIONS.items():
-        if key not in cls.options and options.get(option.dest) not in (None, option.default):
-            readers = [n for n, c in REGISTRY.items() if key in c.options]
-            raise OptionError(
-                f"{option.flags[-1]} applies to {', '.join(readers) or 'no strategy'}, not to --strategy {name}."
-            )
-    return cls(options)
+    own = {o.name for o in cls.reads}
+    for option in strategy_options().values():
+        if option.name not in own and values.get(option.name) not in (None, option.default):
+            raise OptionError(f"{option.flag} applies to {', '.join(readers(option.name)) or 'no strategy'}, "
+                              f"not to --strategy {name}.")
+    for option in (*COMMON_OPTIONS, *cls.reads):
+        option.check(values.get(option.name))
+    filled = {o.name: values.get(o.name, o.default) for o in (*COMMON_OPTIONS, *cls.reads)}
+    filled.update({k: v for k, v in values.items() if k not in filled and k not in strategy_options()})
+    return cls(filled)
 
 
-__all__ = ["COMMON_OPTIONS", "STRATEGY_OPTIONS", "Option", "REGISTRY", "Strategy", "Worker",
-           "make_strategy", "option_line", "strategy_names"]
+def _register_builtin() -> None:
+    from .adsp import AdspStrategy
+    from .asgd import (AsgdStrategy, DcAsgdAdaptiveStrategy, DcAsgdKStrategy, DcAsgdStrategy, DdcAsgdStrategy,
+                       SsgdStrategy)
+    from .ashl import AshlStrategy
+    from .hfdt import HfdtStrategy
+    from .local import LocalStrategy
+    from .nfdt import NfdtStrategy
+
+    STRATEGIES = (LocalStrategy, HfdtStrategy, NfdtStrategy, AsgdStrategy, DcAsgdStrategy, DcAsgdAdaptiveStrategy,
+                  DcAsgdKStrategy, DdcAsgdStrategy, SsgdStrategy, AdspStrategy, AshlStrategy)
+    for cls in STRATEGIES:
+        register(cls)
+
+
+_register_builtin()
+
+__all__ = ["COMMON_OPTIONS", "Option", "REGISTRY", "Reports", "Strategy", "Worker", "make_strategy", "on_register",
+           "option_line", "readers", "register", "strategy_names", "strategy_options", "unregister"]

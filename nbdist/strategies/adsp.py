@@ -13,7 +13,9 @@ import time
 
 import numpy as np
 
-from .nfdt import NfdtStrategy, NfdtWorker, PushPull, _assign
+from ..ps.exchange import PushPull
+from . import options as opt
+from .parameter_server import PsStrategy, PsWorker, assign
 
 INTERVALS = (1, 2, 4, 8, 16, 32, 64)
 START_INTERVAL = 4
@@ -49,14 +51,16 @@ class IntervalSearch:
         self.index = nxt
 
 
-class AdspWorker(NfdtWorker):
+class AdspWorker(PsWorker):
     """A worker that trains locally and commits its accumulated update at the searched interval."""
 
-    def connect(self, step: PushPull, model, variables) -> list:
-        return [_committer(step, variables)]
+    uses_ps_optimizer = False  # each worker applies the cell's optimizer itself
+
+    def connect(self, exchange: PushPull, model, variables) -> list:
+        return [_committer(exchange, variables)]
 
 
-def _committer(step: PushPull, variables):
+def _committer(exchange: PushPull, variables):
     import keras
 
     class Committer(keras.callbacks.Callback):
@@ -79,8 +83,8 @@ def _committer(step: PushPull, variables):
 
         def commit(self):
             deltas = [v.numpy() - p for v, p in zip(variables, self.pulled)]
-            new = step.push(*deltas)
-            _assign(variables, new)
+            new = exchange.push(*deltas)
+            assign(variables, new)
             self.pulled, self.since = [np.array(w) for w in new], 0
             self.commits += 1
 
@@ -92,10 +96,12 @@ def _committer(step: PushPull, variables):
     return Committer()
 
 
-class AdspStrategy(NfdtStrategy):
+class AdspStrategy(PsStrategy):
+    """ADSP: workers train locally and commit their accumulated updates at a searched interval."""
+
     name = "adsp"
     summary = "ADSP: workers never wait, each commits its local update at a commit interval searched online"
-    options = tuple(o for o in NfdtStrategy.options if o != "momentum")
+    reads = opt.PARAMETER_SERVER
     worker_class = AdspWorker
 
     def shard_settings(self, workers: int) -> dict:

@@ -8,7 +8,8 @@ the `ddc-asgd` rule with pushes scaled by b_i/mean(b); when the switch rule says
 shards turn synchronous (SHL: one batch-weighted mean per round, the cell's optimizer).
 About once a second workers report their measured step times and take the allocation
 then in force; each worker compresses its pushes (fp16, top-k) when communication
-dominates its step. The decisions are the kernel's (`nbdist.ashl.coordinator`).
+dominates its step. The decisions are the kernel's (`nbdist.ashl.coordinator`); the
+shards' side is `nbdist.ashl.meeting`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ import time
 
 import numpy as np
 
+from ..ashl.batches import ProportionalBatches
 from ..ashl.coordinator import Coordinator
+from ..ashl.exchange import PacedExchange
+from ..ashl.meeting import SPEC as MEETING
 from ..ashl.profiling import profile_compute
 from ..ashl.report import decisions, profile_table
 from ..errors import OptionError
@@ -26,65 +30,19 @@ from ..hetero import Profile
 from ..keras_bridge import is_dataset, short
 from ..ps.compression import PushCompressor
 from ..sharding import is_generator, is_py_dataset, shard_validation, split_validation
-from .asgd import DdcAsgdStrategy
-from .nfdt import NfdtWorker, PushPull
+from . import options as opt
+from .asgd import DDC_OPTIONS, DELAY_REPORTS, DdcAsgdStrategy
+from .base import Reports
+from .parameter_server import PsWorker
 
 PROBES = 5
 REPORT_EVERY_S = 1.0
 
 
-class ProportionalBatches:
-    """The worker's batches: of each global batch of B = sum(b) samples, the b_rank after the others' share.
-
-    One permutation per epoch, the same on every worker (seeded by the epoch), so the
-    workers' batches of an epoch cover the data once between them whatever the allocation.
-    """
-
-    def __init__(self, x, y, rank: int, batches: list[int], seed: int, sample_weight=None):
-        import keras
-
-        class _Dataset(keras.utils.PyDataset):
-            def __len__(inner):
-                return self.steps
-
-            def __getitem__(inner, k):
-                return self.batch(k)
-
-            def on_epoch_end(inner):
-                self.new_epoch()
-
-        self.x, self.y, self.rank, self.seed, self.sample_weight = x, y, rank, seed, sample_weight
-        self.epoch = 0
-        self.order = np.arange(len(x))
-        self.set_batches(batches)
-        self.dataset = _Dataset()
-
-    def set_batches(self, batches: list[int]) -> None:
-        if len(self.x) < sum(batches):
-            raise OptionError(f"{len(self.x)} training samples are fewer than one global batch of {sum(batches)}; "
-                              "use a smaller batch_size or fewer workers.")
-        self.batches = list(batches)
-        self.steps = len(self.x) // sum(batches)
-
-    @property
-    def size(self) -> int:
-        return self.batches[self.rank]
-
-    def batch(self, k: int):
-        sizes, order = self.batches, self.order  # one read of each: another thread may replace them
-        start = k * sum(sizes) + sum(sizes[:self.rank])
-        index = np.sort(order[start:start + sizes[self.rank]])
-        if self.sample_weight is None:
-            return self.x[index], self.y[index]
-        return self.x[index], self.y[index], self.sample_weight[index]
-
-    def new_epoch(self) -> None:
-        self.epoch += 1
-        self.order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.x))
-
-
-class AshlWorker(NfdtWorker):
+class AshlWorker(PsWorker):
     """Profiles, waits for its allocation, trains its share through the PS, reports its step times."""
+
+    exchange_class = PacedExchange
 
     def fit_data(self, request) -> dict:
         if is_dataset(request.x) or is_py_dataset(request.x) or is_generator(request.x):
@@ -103,49 +61,50 @@ class AshlWorker(NfdtWorker):
         return {"x": x, "y": y, "sample_weight": weights, "validation_data": validation, "validation_split": 0.0,
                 "steps_per_epoch": None}
 
-    def train(self, request, step: PushPull, data: dict, callbacks: list):
+    def train(self, request, exchange: PacedExchange, data: dict, callbacks: list):
         x, y = np.asarray(data["x"]), np.asarray(data["y"])
         b0 = request.samples_per_step
-        allocation = self._profile_and_wait(step, request.model, x, y, b0)
+        allocation = self._profile_and_wait(exchange, request.model, x, y, b0)
         weights = None if data["sample_weight"] is None else np.asarray(data["sample_weight"])
         batches = ProportionalBatches(x, y, self.rank, allocation["batches"], seed=self.spec.get("seed") or 0,
                                       sample_weight=weights)
-        _follow(step, batches, allocation, self.rank)
-        step.compressor = PushCompressor()
-        step.phase = "ahl"
-        step.after_exchange = Reports(step, batches, allocation)
-        reporter = self.make_reporter(lambda: batches.size, extra=step.metrics)
+        _follow(exchange, batches, allocation, self.rank)
+        exchange.compressor = PushCompressor()
+        exchange.phase = "ahl"
+        exchange.after_exchange = StepReports(exchange, batches, allocation)
+        reporter = self.make_reporter(lambda: batches.size, extra=exchange.metrics)
         return request.run_plain(x=batches.dataset, y=None, batch_size=None, sample_weight=None,
                                  callbacks=[*callbacks, reporter], verbose=0,
                                  **{k: v for k, v in data.items() if k not in ("x", "y", "sample_weight")})
 
-    def _profile_and_wait(self, step: PushPull, model, x, y, b0: int) -> dict:
+    def _profile_and_wait(self, exchange: PacedExchange, model, x, y, b0: int) -> dict:
         simulated = Profile(**self.simulated) if self.simulated else None
         # workers on one host time their steps one after another (tracing, before, needs no turn)
-        compute = profile_compute(model, x, y, b0, simulated, before_timing=lambda: step.client.request("turn"))
-        probes = [step.probe() for _ in range(PROBES)]
+        compute = profile_compute(model, x, y, b0, simulated, before_timing=lambda: exchange.client.request("turn"))
+        exchange.shapes = {n: (tuple(v.shape), str(v.dtype)) for n, v in zip(exchange.names, model.trainable_variables)}
+        probes = [exchange.probe() for _ in range(PROBES)]
         comm_s = float(np.median([s for s, _ in probes]))
         profile = {"fixed_s": compute.fixed_s, "per_sample_s": compute.per_sample_s, "comm_s": comm_s,
                    "bandwidth_bps": 8 * probes[-1][1] / comm_s if comm_s > 0 else None, "b0": b0,
                    "host": socket.gethostname()}
-        reply = step.client.request("profile", profile=profile)  # held until the kernel has allocated
-        step._exchange_ended = time.perf_counter()  # the waiting was not compute
+        reply = exchange.client.request("profile", profile=profile)  # held until the kernel has allocated
+        exchange.waited()  # the waiting was not compute
         return reply[0].header["allocation"]
 
 
-def _follow(step: PushPull, batches: ProportionalBatches, allocation: dict, rank: int) -> None:
+def _follow(exchange: PacedExchange, batches: ProportionalBatches, allocation: dict, rank: int) -> None:
     """Train on the allocation: this worker's batch, steps per epoch and push period."""
     batches.set_batches(allocation["batches"])
-    step.batch_size, step.steps_per_epoch = batches.size, batches.steps
-    step.period = (allocation.get("periods") or [1] * len(allocation["batches"]))[rank]
+    exchange.batch_size, exchange.steps_per_epoch = batches.size, batches.steps
+    exchange.period = (allocation.get("periods") or [1] * len(allocation["batches"]))[rank]
 
 
-class Reports:
+class StepReports:
     """About once a second, after an exchange (the thread that talks to the PS): this worker's step
     times to the kernel, and the allocation now in force back, taken at once."""
 
-    def __init__(self, step: PushPull, batches: ProportionalBatches, allocation: dict):
-        self.step, self.batches, self.current = step, batches, allocation["id"]
+    def __init__(self, exchange: PacedExchange, batches: ProportionalBatches, allocation: dict):
+        self.exchange, self.batches, self.current = exchange, batches, allocation["id"]
         self.next_t = time.perf_counter() + REPORT_EVERY_S
 
     def __call__(self) -> None:
@@ -153,40 +112,48 @@ class Reports:
         if now < self.next_t:
             return
         self.next_t = now + REPORT_EVERY_S
-        step = self.step
-        report = {"compute_s": step.compute_s, "exchange_s": step.exchange_s, "timed_steps": step.timed_steps,
+        exchange, timer = self.exchange, self.exchange.timer
+        report = {"compute_s": timer.compute_s, "exchange_s": timer.comm_s, "timed_steps": timer.timed_steps,
                   "batch": self.batches.size, "allocation": self.current}
-        allocation = step.client.request("report", report=report)[0].header.get("allocation") or {}
+        allocation = exchange.client.request("report", report=report)[0].header.get("allocation") or {}
         if allocation.get("id", self.current) != self.current:
             self.current = allocation["id"]
-            _follow(step, self.batches, allocation, self.batches.rank)
-            step.reset_timing()  # measured afresh at the new batch size
+            _follow(exchange, self.batches, allocation, self.batches.rank)
+            timer.restart()  # measured afresh at the new batch size
 
 
 class AshlStrategy(DdcAsgdStrategy):
+    """Heterogeneous clusters: profiled allocation of batches (and push periods), async then sync phase,
+    compression where communication dominates."""
+
     name = "ashl"
     preset = "ddc-asgd"
     summary = ("heterogeneous clusters: profile, batches sized to each worker's speed, async (ddc-asgd) then "
                "sync phase, compression when communication dominates")
-    options = tuple(o for o in DdcAsgdStrategy.options if o != "max_staleness")
+    reads = tuple(o for o in (*opt.PARAMETER_SERVER, opt.MOMENTUM, *DDC_OPTIONS) if o is not opt.MAX_STALENESS)
+    reports = Reports(panels=(*DELAY_REPORTS.panels, "decisions"), phases=("profile", "ahl", "shl"),
+                      controls=("pause", "resume", "stop", "lr_scale", "evict", "switch_phase"))
     worker_class = AshlWorker
     min_workers = 2
 
-    def __init__(self, options):
-        super().__init__(options)
+    def __init__(self, values):
+        super().__init__(values)
         self.coordinator: Coordinator | None = None
+        self.hosts: list | None = None
+        self.run = None
         self._buffer: dict = {}
 
     def prepare(self, run, cluster) -> dict:
         self.run = run
         self.coordinator = Coordinator(len(run.workers), super().control)
-        self._hosts = [cluster.info(eid).host for eid in run.workers]
+        self.hosts = [cluster.info(eid).host for eid in run.workers]
         return super().prepare(run, cluster)
 
     def shard_settings(self, workers: int) -> dict:
-        hosts = getattr(self, "_hosts", [None] * workers)
+        hosts = self.hosts or [None] * workers
         groups = [[r for r in range(workers) if hosts[r] == host] for host in dict.fromkeys(hosts)]
-        return {**super().shard_settings(workers), "max_staleness": None, "ashl": {"profile_groups": groups}}
+        return {**super().shard_settings(workers), "max_staleness": None,
+                "extension": {"class": MEETING, "config": {"profile_groups": groups}}}
 
     def check(self, run) -> None:
         super().check(run)

@@ -1,40 +1,76 @@
-"""The Strategy contract: a controller half (in the notebook kernel) and a worker half (on engines)."""
+"""The Strategy contract: a controller half (in the notebook kernel) and a worker half (on engines).
+
+A strategy is one class with a controller half (`Strategy`: engines, services, controls,
+the result) and a worker half (`Worker`: one `fit` on one engine). It declares the
+`%%distribute` options it reads (`Option` objects; the magic's parser, README's table and
+the sidebar's list are generated from them) and what its runs report (`Reports`: the
+dashboard's panels, the live controls, the phases). See docs/architecture.md.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, Callable, ClassVar
 
 from ..errors import ClusterError, OptionError
 
 
 @dataclass(frozen=True)
 class Option:
-    """A `%%distribute` option that one or more strategies read.
+    """One `%%distribute` option: its flag, help, type and default, declared once, read by name.
 
-    `flags`, `help` and the argparse keywords become the magic's own help text; a value
-    given to a strategy that does not read the option is refused by name.
+    `minimum` refuses smaller values by name; `flag_only` is a switch (no value).
     """
 
-    flags: tuple
+    flag: str
     help: str
-    kwargs: tuple = ()  # argparse keywords as (name, value) pairs, hashable
+    type: Callable | None = None
+    default: Any = None
+    choices: tuple | None = None
+    metavar: str | None = None
+    minimum: float | None = None
+    flag_only: bool = False
+    optional_value: Any = None  # a value the flag alone means (`--resume` = "latest")
 
     @property
-    def dest(self) -> str:
-        return self.flags[-1].lstrip("-").replace("-", "_")
+    def name(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
 
-    @property
-    def default(self):
-        return dict(self.kwargs).get("default")
+    def argparse(self) -> dict:
+        """The keyword arguments of `argparse.add_argument` for this option."""
+        if self.flag_only:
+            return {"action": "store_true", "default": bool(self.default), "help": self.help}
+        kwargs = {"default": self.default, "help": self.help, "metavar": self.metavar, "type": self.type,
+                  "choices": self.choices}
+        if self.optional_value is not None:
+            kwargs |= {"nargs": "?", "const": self.optional_value}
+        return {k: v for k, v in kwargs.items() if v is not None or k == "default"}
+
+    def check(self, value) -> None:
+        """Refuse a value below `minimum`, naming the flag and echoing the value."""
+        if self.minimum is not None and value is not None and value < self.minimum:
+            raise OptionError(f"{self.flag} takes a number of at least {self.minimum:g}. Received: {self.flag} {value}")
+
+
+@dataclass(frozen=True)
+class Reports:
+    """What a strategy's runs report, read by the dashboard, the sidebar and the experiments.
+
+    `panels`: the dashboard's figures (names in `nbdist.widgets.panels`); `controls`: the live
+    controls `Strategy.control` honours; `phases`: the training phases it goes through.
+    """
+
+    panels: tuple[str, ...] = ("loss", "throughput")
+    controls: tuple[str, ...] = ("pause", "resume", "stop")
+    phases: tuple[str, ...] = ()
 
 
 class Worker:
     """The worker half: runs on an engine and trains one `fit` call of the training cell.
 
     Args:
-        spec: the run's JSON-able description (strategy, options, rank, size, config
+        spec: the run's JSON-able description (strategy, option values, rank, size, config
             from `Strategy.prepare`).
         reporter_factory: makes the metrics callback for this worker given a batch size.
     """
@@ -43,15 +79,26 @@ class Worker:
         self.spec = spec
         self.rank: int = spec["rank"]
         self.size: int = spec["size"]
-        self.options: dict = spec["options"]
+        self.values: dict = spec["options"]
         self.config: dict = spec.get("config", {})
         self.make_reporter = reporter_factory
         self.callback_changes: list[dict] = []
         self.files_written: list[dict] = []
+        self.virtual_step = None  # the run's StepCost on the virtual clock, once known
 
     def fit(self, request):
         """Train `request.model` as the strategy says; return the Keras `History`."""
         raise NotImplementedError
+
+    def cell_context(self):
+        """A context the whole training cell runs in (device placement, say); none by default."""
+        return contextlib.nullcontext()
+
+    def control_point(self):
+        """The run's live controls as this worker sees them (`nbdist.control_bus.ControlPoint`); close it."""
+        from ..control_bus import ControlPoint
+
+        return ControlPoint(self.spec["control"])
 
     def user_callbacks(self, request) -> list:
         """The cell's callbacks this rank runs: all on rank 0, the file writers nowhere else
@@ -62,29 +109,40 @@ class Worker:
         self.files_written = callbacks.files_written(kept) if self.rank == 0 else []
         return kept
 
-    def cell_context(self):
-        """A context the whole training cell runs in (device placement, say); none by default."""
-        return contextlib.nullcontext()
-
 
 class Strategy:
-    """The controller half: picks engines, prepares services, cleans up.
+    """The controller half: picks engines, prepares services, acts on the running job, gathers the result.
 
-    Subclasses set `name`, `summary`, `options` (names of the options they read, see
-    `strategies.OPTIONS`), and `worker_class`, and override the hooks they need.
+    Subclasses set `name`, `summary`, `reads` (the `Option`s they read), `reports` and
+    `worker_class`, and override the hooks they need. An instance holds the run's option
+    values in `values` (every option it reads, defaults filled in).
     """
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
-    options: ClassVar[tuple[str, ...]] = ()
+    reads: ClassVar[tuple[Option, ...]] = ()
+    reports: ClassVar[Reports] = Reports()
     worker_class: ClassVar[type[Worker]] = Worker
     min_workers: ClassVar[int] = 1
     max_workers: ClassVar[int | None] = None
     default_workers: ClassVar[int | None] = None  # None: every available engine
     survives_worker_loss: ClassVar[bool] = False  # True: a dead worker is reported, the others finish
+    uses_control_bus: ClassVar[bool] = True  # False: the strategy carries its controls itself (the PS)
 
-    def __init__(self, options: dict):
-        self.options = options
+    def __init__(self, values: dict):
+        self.values = values
+        self.bus = None  # the run's control bus (`nbdist.control_bus`), set by `Run` while it runs
+
+    def value(self, name: str):
+        """The run's value of option `name` (its default when not given)."""
+        return self.values.get(name)
+
+    @property
+    def clock(self) -> str:
+        """real, or virtual (`--simulate "...; clock=virtual"`: DESIGN.md section 7)."""
+        from ..hetero import parse_clock
+
+        return parse_clock(self.values.get("simulate"))[0]
 
     def choose_workers(self, available: list[int], workers: int | None, targets: list[int] | None) -> list[int]:
         """The engine ids this run trains on, from the idle engines `available` (sorted)."""
@@ -123,8 +181,12 @@ class Strategy:
         return {}
 
     def control(self, action: str, value=None) -> list[dict]:
-        """Act on the running job (pause, resume, stop, lr_scale, max_staleness, evict); returns acknowledgements."""
-        raise OptionError(f"--strategy {self.name} has no live controls; interrupt the kernel to stop it.")
+        """Act on the running job; returns the acknowledgements. By default the run's control bus
+        carries pause, resume and stop to every worker (they act at the same step)."""
+        if action not in self.reports.controls or self.bus is None:
+            raise OptionError(f"--strategy {self.name} has no live control {action!r}; it has "
+                              f"{', '.join(self.reports.controls) or 'none'}.")
+        return [self.bus.send(action, value)]
 
     def telemetry(self) -> dict:
         """What the controller side measured since the last call (the PS's push log), for the dashboard."""
@@ -132,6 +194,15 @@ class Strategy:
 
     def check(self, run) -> None:
         """Called while the run waits: raise an `NbdistError` when a service the run needs has failed."""
+
+    @classmethod
+    def gather_result(cls, run) -> list:
+        """The `FitResult`s (one per `fit` call) the notebook's model receives: by default those of the
+        first worker, in rank order, that finished and was not evicted. (A class method: the run's
+        result is read after its strategy object is gone.)"""
+        evicted = {run.workers[r] for r in run.evicted_ranks() if r < len(run.workers)}
+        order = [eid for eid in run.workers if eid not in evicted] + [eid for eid in run.workers if eid in evicted]
+        return next((run.results[eid] for eid in order if run.results.get(eid)), [])
 
     def finish(self, run) -> None:
         """Stop what `prepare` started; called once whatever the run's outcome."""

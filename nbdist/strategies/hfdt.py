@@ -11,11 +11,23 @@ import contextlib
 import os
 
 from ..errors import ClusterError
-from ..hetero import Slowdown, parse_simulate
-from ..keras_bridge import build_for_training
-from ..rendezvous import Rendezvous, host_plan, rendezvous_address, require_horovod
+from ..hetero import Slowdown, parse_clock, parse_simulate
+from ..keras_bridge import apply_gradients_restored, build_for_training
+from ..netroute import address_towards_cluster, interface_towards
+from ..rendezvous import Rendezvous, host_plan, require_horovod
 from ..sharding import shard_fit_data
-from .base import Strategy, Worker
+from ..step_timer import StepTimer
+from . import horovod_ops as ops
+from .base import Option, Reports, Strategy, Worker
+from .control_step import stop_when_stopped
+from .options import SIMULATE
+
+COMPRESSION = Option("--compression", "gradient compression on the allreduce: none or fp16", default="none",
+                     choices=("none", "fp16"))
+SCALE_LR = Option("--scale-lr", "multiply the learning rate by the number of workers (linear, the default) or "
+                  "leave it (none)", default="linear", choices=("linear", "none"))
+WARMUP_EPOCHS = Option("--warmup-epochs", "ramp the scaled learning rate up over this many epochs (default 0: "
+                       "scaled from the first step)", type=float, default=0.0, metavar="E", minimum=0)
 
 
 class HfdtWorker(Worker):
@@ -43,22 +55,30 @@ class HfdtWorker(Worker):
     def fit(self, request):
         hvd = self._init_horovod()
         model, optimizer = request.model, request.model.optimizer
-        original_apply = optimizer.apply_gradients
+        control = self.control_point()
         try:
             data = shard_fit_data(request, self.rank, self.size, synchronous=True)
             build_for_training(model, data["x"])
-            _broadcast_from_rank0(hvd, list(model.variables) + list(optimizer.variables))
-            optimizer.apply_gradients = _allreduced(hvd, original_apply, self.options.get("compression"))
-            model.jit_compile = False  # XLA cannot compile Horovod's ops
-            model.train_function = None  # retrace with the allreduce in the step
-            user = self.user_callbacks(request)
-            restored = [_rank0_restore(hvd, model)] if any(type(c).__name__ == "BackupAndRestore" for c in user) else []
-            callbacks = [_epoch_log_averager(hvd), *self._lr_callbacks(optimizer), *self._simulation(model),
-                         *user, *restored, self.make_reporter(request.samples_per_step)]
-            return request.run_plain(callbacks=callbacks, verbose=0, **data)
+            ops.broadcast_from_rank0(hvd, list(model.variables) + list(optimizer.variables))
+            with apply_gradients_restored(model):
+                optimizer.apply_gradients = ops.allreduced(hvd, optimizer.apply_gradients, self.values["compression"],
+                                                           control)
+                model.jit_compile = False  # XLA cannot compile Horovod's ops
+                user = self.user_callbacks(request)
+                restored = [ops.rank0_restore(hvd, model)] if any(type(c).__name__ == "BackupAndRestore"
+                                                                  for c in user) else []
+                reporter = self.make_reporter(request.samples_per_step)
+                step_s = self._virtual_step_s(hvd, model, data, request)
+                if step_s is not None:  # the records' time: the run's start plus the virtual steps made
+                    start = self.spec.get("cell_start") or 0.0
+                    reporter.clock = lambda: start + reporter.steps * step_s
+                per_step = ops.ring_allreduce_bytes(self.size, _gradient_bytes(model))
+                reporter.extra = lambda: {"bytes_sent": reporter.steps * per_step}
+                callbacks = [ops.epoch_log_averager(hvd), *self._lr_callbacks(optimizer), *self._simulation(per_step),
+                             *user, *restored, stop_when_stopped(control), reporter]
+                return request.run_plain(callbacks=callbacks, verbose=0, **data)
         finally:
-            optimizer.apply_gradients = original_apply
-            model.train_function = None
+            control.close()
             hvd.shutdown()
 
     def _init_horovod(self):
@@ -89,30 +109,52 @@ class HfdtWorker(Worker):
             raise ClusterError(f"Horovod gave rank {hvd.rank()}/{hvd.size()}, expected {self.rank}/{self.size}")
         return hvd
 
-    def _simulation(self, model) -> list:
-        """`--simulate`: this rank's steps stretched by 1/speed, and its link charged for the allreduce's bytes."""
+    def _simulation(self, per_step_bytes: int) -> list:
+        """`--simulate`: this rank's steps stretched by 1/speed, its link charged for the allreduce's bytes
+        (sent and received)."""
         profile = (self.config.get("simulate") or [None] * self.size)[self.rank]
-        if not profile:
+        slowdown = Slowdown(profile)
+        if not slowdown.active or self.config.get("virtual") is not None:  # the virtual clock never sleeps
             return []
         import keras
-        import numpy as np
 
-        slowdown = Slowdown(profile)
-        model_bytes = sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in model.trainable_variables)
-        # a ring allreduce sends and receives 2(N-1)/N of the gradient on every rank
-        moved = int(2 * 2 * (self.size - 1) / self.size * model_bytes)
+        timer = StepTimer()
 
         class Simulated(keras.callbacks.Callback):  # not async_safe: its sleeps must hold the next step back
             def on_train_batch_end(self, batch, logs=None):
-                slowdown.before_exchange()
-                slowdown.after_exchange(moved)
+                timer.compute_ended()
+                slowdown.stretch(timer.typical_compute_s())
+                slowdown.charge(2 * per_step_bytes)
+                timer.local_step_ended()
 
-        return [Simulated()] if slowdown.active else []
+        return [Simulated()]
+
+    def _virtual_step_s(self, hvd, model, data, request) -> float | None:
+        """On the virtual clock: a synchronous step's virtual seconds, the slowest rank's compute and a ring
+        allreduce; the step cost given, or measured once on rank 0 and broadcast. None on the real clock."""
+        virtual = self.config.get("virtual")
+        if virtual is None:
+            return None
+        from ..hetero import Profile, StepCost
+        from ..virtual_clock import measure_step_cost, ring_allreduce_s
+
+        batch = request.samples_per_step or 32
+        step = virtual.get("step") or (measure_step_cost(model, data, batch).to_json() if self.rank == 0 else None)
+        step = StepCost(**hvd.broadcast_object(step, root_rank=0, name="nbdist_step_cost")).at(batch)
+        self.virtual_step = step
+        profiles = [Profile(**p) for p in self.config["simulate"]]
+        return ring_allreduce_s(profiles, [step.seconds(batch) / p.speed for p in profiles], _gradient_bytes(model))
 
     def _lr_callbacks(self, optimizer) -> list:
-        if self.options.get("scale_lr", "linear") == "none" or self.size == 1:
+        if self.values["scale_lr"] == "none" or self.size == 1:
             return []
-        return [_lr_scaler(optimizer, self.size, float(self.options.get("warmup_epochs") or 0))]
+        return [ops.lr_scaler(optimizer, self.size, float(self.values["warmup_epochs"] or 0))]
+
+
+def _gradient_bytes(model) -> int:
+    import numpy as np
+
+    return sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in model.trainable_variables)
 
 
 def require_resolvable(hostname: str) -> None:
@@ -127,153 +169,30 @@ def require_resolvable(hostname: str) -> None:
                            "parameter-server strategy (nfdt, ddc-asgd), which does not.") from None
 
 
-def interface_towards(address: str, port: int) -> str:
-    """The name of this host's network interface that carries traffic to `address`."""
-    import socket
-
-    import psutil
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # a route lookup: sends nothing
-        probe.connect((address, port))
-        local_ip = probe.getsockname()[0]
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.family == socket.AF_INET and a.address == local_ip for a in addresses):
-            return name
-    if local_ip.startswith("127."):
-        return "lo"
-    raise ClusterError(f"no network interface holds {local_ip}, the address this engine uses to reach {address}")
-
-
-def _broadcast_from_rank0(hvd, variables) -> None:
-    """Every rank starts from rank 0's weights and optimizer state."""
-    import tensorflow as tf
-
-    for i, variable in enumerate(variables):
-        variable.assign(hvd.broadcast(tf.convert_to_tensor(variable), root_rank=0, name=f"nbdist_init_{i}"))
-
-
-def _allreduced(hvd, apply_gradients, compression: str | None):
-    """`optimizer.apply_gradients` that first averages the gradients over all ranks (one fused group)."""
-    import tensorflow as tf
-
-    compressor = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
-
-    def apply(grads_and_vars):
-        pairs = list(grads_and_vars)
-        present = [i for i, (g, _) in enumerate(pairs) if g is not None]
-        dense = [tf.convert_to_tensor(pairs[i][0]) for i in present]  # IndexedSlices -> dense
-        # A fixed name: Horovod matches tensors across ranks by name, and the default (from
-        # layer names such as dense_3) differs on an engine that built other models before.
-        reduced = (hvd.grouped_allreduce(dense, op=hvd.Average, compression=compressor, name="nbdist_gradients")
-                   if dense else [])
-        grads = [g for g, _ in pairs]
-        for i, g in zip(present, reduced):
-            grads[i] = g
-        return apply_gradients(zip(grads, [v for _, v in pairs]))
-
-    return apply
-
-
-def _epoch_log_averager(hvd):
-    """Averages every epoch-end metric (train and validation) over ranks, before History records it.
-
-    Rank 0's metric names are the ones averaged (a rank whose model was compiled at another time may
-    log a stale extra metric; it is left out, and a rank missing one does not count for it)."""
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
-    class EpochLogAverager(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            mine = {k: float(v) for k, v in (logs or {}).items() if isinstance(v, (int, float, np.floating))}
-            keys = hvd.broadcast_object(sorted(mine), root_rank=0, name=f"nbdist_epoch_keys_{epoch}")
-            if not keys:
-                return
-            values = [mine.get(k, 0.0) for k in keys] + [float(k in mine) for k in keys]
-            sums = hvd.allreduce(tf.constant(values, tf.float64), op=hvd.Sum,
-                                 name=f"nbdist_epoch_logs_{epoch}").numpy()
-            counts = sums[len(keys):]
-            logs.update({k: float(sums[i] / counts[i]) for i, k in enumerate(keys) if counts[i] > 0})
-
-    return EpochLogAverager()
-
-
-def _lr_scaler(optimizer, factor: int, warmup_epochs: float):
-    """Linear scaling (lr x workers), ramped up over `warmup_epochs` (Goyal et al. 2017); the user's own
-    learning rate (a constant or a schedule) is back in place at the end."""
-    import keras
-
-    from ..learning_rate import scaled, schedule_of
-
-    class LearningRateScaler(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            self.schedule = schedule_of(optimizer)
-            self.epoch = 0
-            if self.schedule is not None:  # the schedule itself is scaled, its warm-up counted in steps
-                steps = (self.params or {}).get("steps") or 1
-                optimizer.learning_rate = scaled(self.schedule, factor, int(round(warmup_epochs * steps)),
-                                                 int(optimizer.iterations.numpy()))
-            else:
-                self.base = float(optimizer.learning_rate)
-                self._set(0, 0)
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
-            if self.schedule is None:
-                self._set(epoch, 0)
-
-        def on_train_batch_begin(self, batch, logs=None):
-            if self.schedule is None and warmup_epochs > 0 and self.epoch < warmup_epochs:
-                self._set(self.epoch, batch)
-
-        def on_train_end(self, logs=None):
-            optimizer.learning_rate = self.schedule if self.schedule is not None else self.base
-
-        def _set(self, epoch, batch):
-            steps = (self.params or {}).get("steps") or 1
-            progress = 1.0 if warmup_epochs <= 0 else min(1.0, (epoch + batch / steps) / warmup_epochs)
-            optimizer.learning_rate = self.base * (1 + (factor - 1) * progress)
-
-    return LearningRateScaler()
-
-
-def _rank0_restore(hvd, model):
-    """BackupAndRestore runs on rank 0 only (it writes files): what it restored at the start, the weights,
-    optimizer state and the epoch to resume from, goes to every rank, so all ranks make the same steps."""
-    import keras
-    import tensorflow as tf
-
-    class RankZeroRestore(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            _broadcast_from_rank0(hvd, list(model.variables) + list(model.optimizer.variables))
-            # Keras resumes from the private `_initial_epoch` that BackupAndRestore sets
-            epoch = hvd.broadcast(tf.constant(int(model._initial_epoch or 0), tf.int64), root_rank=0,
-                                  name="nbdist_initial_epoch")
-            model._initial_epoch = int(epoch.numpy()) or None
-
-    return RankZeroRestore()
-
-
 class HfdtStrategy(Strategy):
+    """Synchronous data parallel training over Horovod's ring-allreduce (Gloo), one rank per engine."""
+
     name = "hfdt"
-    min_workers = 1
     summary = "synchronous data parallel, Horovod ring-allreduce over Gloo"
-    options = ("compression", "scale_lr", "warmup_epochs", "simulate")
+    reads = (COMPRESSION, SCALE_LR, WARMUP_EPOCHS, SIMULATE)
+    reports = Reports(panels=("loss", "throughput"), controls=("pause", "resume", "stop"))
     worker_class = HfdtWorker
 
-    def __init__(self, options):
-        super().__init__(options)
+    def __init__(self, values):
+        super().__init__(values)
         self.rendezvous: Rendezvous | None = None
 
     def prepare(self, run, cluster) -> dict:
         require_horovod()
         order, slots = host_plan([cluster.info(eid).host for eid in run.workers])
         run.workers[:] = [run.workers[i] for i in order]  # rank order
-        address = rendezvous_address(cluster.client, all(cluster.shares_network(e) for e in run.workers))
+        address = address_towards_cluster(cluster.client, all(cluster.shares_network(e) for e in run.workers))
         self.rendezvous = Rendezvous(address)
         port = self.rendezvous.start(slots)
-        profiles = parse_simulate(self.options.get("simulate"), len(run.workers))
+        profiles = parse_simulate(self.value("simulate"), len(run.workers))
+        clock, step = parse_clock(self.value("simulate"))
         return {"address": address, "port": port, "simulate": [p.to_json() for p in profiles],
+                "virtual": {"step": step.to_json() if step else None} if clock == "virtual" else None,
                 "slots": [{k: getattr(s, k) for k in ("hostname", "rank", "local_rank", "cross_rank", "size",
                                                       "local_size", "cross_size")} for s in slots]}
 

@@ -2,18 +2,60 @@
 
 from __future__ import annotations
 
+from ..hetero import Profile, StepCost, parse_clock, parse_simulate
+from ..keras_bridge import apply_gradients_restored
 from .base import Strategy, Worker
+from .control_step import controlled, stop_when_stopped
+from .options import SIMULATE
 
 
 class LocalWorker(Worker):
+    """Keras' own `fit` on one engine; Pause and Stop act between steps."""
+
     def fit(self, request):
+        model, control = request.model, self.control_point()
         reporter = self.make_reporter(request.samples_per_step)
-        return request.run_plain(callbacks=[*self.user_callbacks(request), reporter], verbose=0)
+        try:
+            with apply_gradients_restored(model):
+                if model.optimizer is not None:
+                    model.optimizer.apply_gradients = controlled(model.optimizer.apply_gradients, control)
+                self._virtual_time(reporter, request)
+                return request.run_plain(callbacks=[*self.user_callbacks(request), stop_when_stopped(control),
+                                                    reporter], verbose=0)
+        finally:
+            control.close()
+
+    def _virtual_time(self, reporter, request) -> None:
+        """On the virtual clock the records' time is the run's start plus steps x t(b) / speed."""
+        virtual = self.config.get("virtual")
+        if virtual is None:
+            return
+        from ..keras_bridge import build_for_training
+        from ..virtual_clock import measure_step_cost
+
+        batch = request.samples_per_step or 32
+        if virtual.get("step"):
+            step = StepCost(**virtual["step"]).at(batch)
+        else:
+            build_for_training(request.model, request.x)
+            step = measure_step_cost(request.model, {"x": request.x, "y": request.y}, batch)
+        self.virtual_step = step
+        seconds = step.seconds(batch) / Profile(**self.config["simulate"][0]).speed
+        start = self.spec.get("cell_start") or 0.0
+        reporter.clock = lambda: start + reporter.steps * seconds
 
 
 class LocalStrategy(Strategy):
+    """One engine, plain Keras `fit`: the reference for every other strategy."""
+
     name = "local"
     summary = "one engine, plain Keras fit: the reference for every other strategy"
+    reads = (SIMULATE,)
     worker_class = LocalWorker
     max_workers = 1
     default_workers = 1
+
+    def prepare(self, run, cluster) -> dict:
+        clock, step = parse_clock(self.value("simulate"))
+        return {"simulate": [p.to_json() for p in parse_simulate(self.value("simulate"), 1)],
+                "virtual": {"step": step.to_json() if step else None} if clock == "virtual" else None}

@@ -1,0 +1,114 @@
+"""ASHL's meeting point on the parameter server (DESIGN.md section 6): a shard extension.
+
+Workers profile in turn (those sharing a host one after another, once all of them have
+traced their model, so they do not time each other), post their profiles and wait for the
+allocation the kernel computes from them; about once a second they report their measured
+step times and read the allocation then in force. Every decision is the kernel's
+(`nbdist.ashl.coordinator`), sent as `allocate` and `switch_phase` controls. On pushes:
+AHL scales each by its samples over the mean batch; SHL's rounds wait only for the workers
+that push every step; once those have finished their fit, the others end theirs.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..ps.shard import ShardExtension
+
+SPEC = "nbdist.ashl.meeting:AshlMeeting"  # how a shard's config names this extension
+
+
+class AshlMeeting(ShardExtension):
+    """Profiles, step-time reports, the allocation in force, and ASHL's rules on pushes."""
+
+    kinds = ("report",)
+    held_kinds = ("turn", "profile")
+    controls = ("allocate", "switch_phase")
+
+    def __init__(self, config: dict):
+        # the workers of each host, in the order they time their steps
+        self.group_of = {w: [int(v) for v in group] for group in config.get("profile_groups", []) for w in group}
+        self.ready_to_time: set[int] = set()  # asked for their turn: their tracing is over
+        self.profiles: dict[int, dict] = {}
+        self.reports: dict[int, dict] = {}
+        self.allocation: dict | None = None  # {"id", "batches", "periods", "fractions", "reason"}
+
+    # -- messages --------------------------------------------------------------------------
+    def handle(self, shard, worker: int, message) -> dict | None:
+        payload = message.header.get(message.kind)
+        if message.kind == "turn":
+            self.ready_to_time.add(worker)
+        elif not isinstance(payload, dict):
+            raise ValueError(f"a {message.kind} is a JSON object")
+        elif message.kind == "profile":
+            self.profiles[worker] = {**payload, "t": time.time()}
+        else:  # report
+            self.reports[worker] = {**payload, "t": time.time()}
+            return {"allocation": self.allocation, **self.reply_fields(shard)}
+        return None
+
+    def ready(self, shard, worker: int, message) -> dict | None:
+        if message.kind == "turn":
+            return {} if self._turn_ready(worker, shard.live()) else None
+        return {"allocation": self.allocation, **self.reply_fields(shard)} if self.allocation else None
+
+    def _turn_ready(self, worker: int, live: list[int]) -> bool:
+        """Every worker of its host has traced, and those before it have posted their profiles."""
+        group = self.group_of.get(worker, [worker])
+        before = group[:group.index(worker)]
+        return all(w in self.ready_to_time or w not in live for w in group) and \
+            all(w in self.profiles or w not in live for w in before)
+
+    # -- controls --------------------------------------------------------------------------
+    def control(self, shard, action: str, value) -> None:
+        if action == "switch_phase":
+            shard.become_synchronous()
+            return
+        batches = value.get("batches") if isinstance(value, dict) else None
+        if not isinstance(batches, list) or not all(isinstance(b, int) and b > 0 for b in batches):
+            raise ValueError(f"an allocation needs positive whole batches, not {value!r}")
+        self.allocation = dict(value)
+
+    # -- rules on pushes ---------------------------------------------------------------------
+    def push_scale(self, batch) -> float:
+        """AHL: a push of `batch` samples counts batch / mean(b) (twice the samples move the model twice as far)."""
+        if self.allocation is None or not batch:
+            return 1.0
+        batches = self.allocation["batches"]
+        return batch * len(batches) / sum(batches)
+
+    def _periods(self, shard) -> list[int]:
+        return (self.allocation or {}).get("periods") or [1] * len(shard.workers)
+
+    def pacers(self, shard, live: list[int]) -> list[int]:
+        """SHL: a round waits for the workers with the shortest push period (a slow link joins the round
+        its push reaches)."""
+        if not live or not self.allocation:
+            return live
+        periods = self._periods(shard)
+        shortest = min(periods[k] for k in live)
+        return [k for k in live if periods[k] == shortest]
+
+    def on_done(self, shard) -> None:
+        """Once the workers that push every step have ended their fit, the others end theirs after the
+        batch in hand: what remains of their shards is small, and pushes they made alone, many steps
+        stale, would move the model the others finished."""
+        if not self.allocation or shard.finishing:
+            return
+        present = [k for k, w in shard.workers.items() if w.alive and not w.evicted]
+        periods = self._periods(shard)
+        shortest = min((periods[k] for k in present), default=1)
+        setters = [k for k in present if periods[k] == shortest]
+        lagging = [k for k in present if not shard.workers[k].done]
+        if lagging and all(shard.workers[k].done for k in setters):
+            shard.finishing, shard.finishing_reason = True, "laggards"
+            shard.events.append({"t": time.time(), "event": "end_laggards", "workers": lagging,
+                                 "reason": f"workers {setters} finished their epochs; {lagging} stop after "
+                                           "their current batch"})
+
+    def reply_fields(self, shard) -> dict:
+        """ASHL's phase, told with every reply to its workers."""
+        return {"phase": "shl" if shard.synchronous else "ahl"}
+
+    def summary(self) -> dict:
+        return {"profiles": self.profiles, "reports": self.reports, "allocation": self.allocation}

@@ -1,0 +1,128 @@
+"""Live controls for strategies without a parameter server: pause, resume and stop, kernel to workers.
+
+The kernel publishes the whole control state on a ZeroMQ PUB socket, as signed wire messages
+(`nbdist.ps.wire`), on every change and every half second (so a worker that connects late or
+misses one learns it from the next). Each worker's `ControlPoint` polls its SUB socket inside
+the train step without waiting; under a synchronous strategy the ranks first agree on the
+flags (they travel in the step's allreduce), so every rank pauses or stops at the same step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from .ps import wire
+
+REPEAT_S = 0.5
+PAUSE_POLL_S = 0.05
+PAUSED, STOP = 0, 1  # positions in the flags vector
+
+
+class ControlBus:
+    """The kernel's side; `send` returns the new state (the acknowledgement). `stop()` is idempotent."""
+
+    def __init__(self):
+        self.key = wire.new_key()
+        self.state = {"paused": False, "stop": False, "seq": 0}
+        self.address: str | None = None
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._socket = self._context = self._thread = None
+
+    def start(self, bind: str) -> "ControlBus":
+        import zmq
+
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.PUB)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        port = self._socket.bind_to_random_port(f"tcp://{bind}")
+        self.address = f"tcp://{bind}:{port}"
+        self._thread = threading.Thread(target=self._repeat, name="nbdist-control-bus", daemon=True)
+        self._thread.start()
+        return self
+
+    def send(self, action: str, value=None) -> dict:
+        with self._lock:
+            if action in ("pause", "resume"):
+                self.state["paused"] = action == "pause"
+            elif action == "stop":
+                self.state.update(stop=True, paused=False)
+            self.state["seq"] += 1
+            self._publish()
+            return dict(self.state)
+
+    def _publish(self) -> None:
+        self._socket.send_multipart(wire.encode(self.key, "control", **self.state))
+
+    def _repeat(self) -> None:
+        while not self._stopped.wait(REPEAT_S):
+            with self._lock:
+                self._publish()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._context.term()
+        self._socket = self._context = self._thread = None
+
+    def spec(self) -> dict:
+        """What a worker needs to listen (its address and the key), JSON-able."""
+        return {"address": self.address, "key": self.key.hex()}
+
+
+class ControlPoint:
+    """A worker's view of the bus, polled inside the train step. `stopped` ends the fit after the step."""
+
+    def __init__(self, spec: dict):
+        import zmq
+
+        self.key = bytes.fromhex(spec["key"])
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.SUB)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self._socket.connect(spec["address"])
+        self.state = {"paused": False, "stop": False, "seq": -1}
+        self.stopped = False
+
+    def _poll(self) -> dict:
+        import zmq
+
+        while self._socket.poll(0):
+            try:
+                message = wire.decode(self.key, self._socket.recv_multipart(zmq.NOBLOCK))
+            except wire.Rejected:
+                continue  # not from this run's kernel: never acted on
+            if message.header.get("seq", -1) >= self.state["seq"]:
+                self.state = {k: message.header.get(k) for k in ("paused", "stop", "seq")}
+        return self.state
+
+    def flags(self) -> np.ndarray:
+        """This worker's view, as numbers a collective can agree on: [paused, stop]."""
+        state = self._poll()
+        return np.array([float(bool(state["paused"])), float(bool(state["stop"]))], np.float32)
+
+    def act(self, agreed) -> np.ndarray:
+        """Act on the flags every rank agreed on: wait while paused (until resumed or stopped), note a stop."""
+        agreed = np.asarray(agreed)
+        if agreed[STOP] > 0:
+            self.stopped = True
+        elif agreed[PAUSED] > 0:
+            while self._poll()["paused"] and not self.state["stop"]:
+                time.sleep(PAUSE_POLL_S)  # a pause lasts as long as the user wants; nothing waits on it
+            self.stopped = bool(self.state["stop"])
+        return agreed
+
+    def act_alone(self) -> np.ndarray:
+        """A single worker: its own view is the agreement."""
+        return self.act(self.flags())
+
+    def close(self) -> None:
+        self._socket.close(linger=0)
+        self._context.term()

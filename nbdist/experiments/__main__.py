@@ -1,0 +1,5 @@
+"""``python -m nbdist.experiments compare ...``"""
+
+from .cli import main
+
+main()

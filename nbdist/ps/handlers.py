@@ -1,0 +1,101 @@
+"""What a shard does with each kind of message (`Shard.handle` dispatches here by kind).
+
+A handler returns the replies to send now. For the held kinds (pull, push, done, epoch) it
+only records what the message says; the shard then holds the message until its release
+policy or barrier can answer it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from . import wire
+
+HELD_KINDS = ("pull", "push", "done", "epoch")  # answered when their condition holds
+
+
+def _heartbeat(shard, ident, worker, message):
+    return [(ident, "pong", None, {"version": shard.version})]
+
+
+def _init(shard, ident, worker, message):
+    return [(ident, *shard.init(message)), *shard.release()]
+
+
+def _push(shard, ident, worker, message):
+    shard.check_push(message)
+    if shard.clock == "virtual" and not all(isinstance(message.header.get(k), (int, float)) for k in ("vt", "gap")):
+        raise wire.Rejected("malformed", "a push on the virtual clock carries its arrival time vt and gap")
+    shard.policy.note_push(shard, worker, message)
+    return []
+
+
+def _probe(shard, ident, worker, message):
+    """A timed round trip of a push's size (profiling): nothing is applied."""
+    shard.check_push(message)
+    return [(ident, "weights", dict(shard.variables), {"version": shard.version})]
+
+
+def _pull(shard, ident, worker, message):
+    """The start of a (next) fit call."""
+    shard.workers[worker].done = False
+    shard.finalized = False
+    if shard.finishing_reason == "laggards":
+        shard.finishing, shard.finishing_reason = False, ""
+    return []
+
+
+def _done(shard, ident, worker, message):
+    shard.workers[worker].done = True
+    if shard.extension is not None:
+        shard.extension.on_done(shard)
+    return []
+
+
+def _epoch(shard, ident, worker, message):
+    shard.post_epoch(worker, message.header)
+    return []
+
+
+def _learning_rate(shard, ident, worker, message):
+    """The cell's callbacks changed the learning rate on the workers: the optimizer here follows."""
+    value = message.header.get("value")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise wire.Rejected("malformed", f"a learning rate is a positive number, not {value!r}")
+    if shard.initialised:
+        shard.updater.set_learning_rate(float(value))
+    shard.events.append({"t": time.time(), "event": "learning_rate", "value": float(value)})
+    return [(ident, "ok", None, {})]
+
+
+def _state(shard, ident, worker, message):
+    return [(ident, "state", shard.state_arrays(), shard.summary())]
+
+
+def _stats(shard, ident, worker, message):
+    since = int(message.header.get("since") or 0)
+    return [(ident, "stats", None, {**shard.summary(), "log_fields": shard.log_fields, "log": shard.log[since:],
+                                     "since": since, "events": shard.events})]
+
+
+def _control(shard, ident, worker, message):
+    return [(ident, "ok", None, shard.control(message.header)), *shard.policy.complete_round(shard),
+            *shard.release()]
+
+
+def _restore(shard, ident, worker, message):
+    shard.restored = {"arrays": {k: np.array(v) for k, v in message.arrays.items()},
+                      "version": int(message.header.get("version", 0))}
+    return [(ident, "ok", None, {})]
+
+
+def _stop(shard, ident, worker, message):
+    shard.stopping = True
+    return [(ident, "ok", None, {})]
+
+
+HANDLERS = {"heartbeat": _heartbeat, "init": _init, "push": _push, "probe": _probe, "pull": _pull, "done": _done,
+            "epoch": _epoch, "learning_rate": _learning_rate, "state": _state, "stats": _stats, "control": _control,
+            "restore": _restore, "stop": _stop}

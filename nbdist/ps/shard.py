@@ -1,0 +1,431 @@
+"""One parameter-server shard's state and rules: `Shard.handle` maps one decoded message to its replies.
+
+The shard owns some variables and the updater that applies gradients to them
+(`nbdist.ps.updaters`); when a push is applied and its reply released is its release
+policy's business (`nbdist.ps.release`); what one strategy adds (ASHL's profiles,
+allocations and phase switch) comes in as a `ShardExtension`. Anything that fails a check
+is answered with ``rejected``, counted and logged, and never applied.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from ..optimizer_state import ITERATIONS
+from . import rules, wire
+from .compression import decode_push
+from .handlers import HANDLERS, HELD_KINDS
+from .release import SynchronousRounds, policy_for
+from .updaters import make_updater
+from .zero_copy import SharedArrays
+
+HEARTBEAT_TIMEOUT_S = 5.0
+LOG_LIMIT = 500_000  # push-log entries kept; past it the log stops growing (counters go on)
+CONTROLLER = "controller"
+CONTROLLER_KINDS = {"state", "stats", "restore", "stop", "heartbeat", "control"}
+LOG_FIELDS = ("t", "worker", "step", "version", "staleness", "outcome", "lead", "gamma", "momentum", "comp_norm",
+              "lr")
+
+
+@dataclass
+class WorkerState:
+    pushed: int = 0
+    last_seen: float | None = None  # None until its first message: importing TensorFlow is not death
+    alive: bool = True
+    done: bool = False
+    evicted: bool = False
+    died_at: float | None = None
+
+
+class ShardExtension:
+    """What a strategy adds to a shard: message kinds, controls, and hooks on pushes and rounds."""
+
+    kinds: tuple[str, ...] = ()  # answered by `handle` at once
+    held_kinds: tuple[str, ...] = ()  # held until `ready` answers
+    controls: tuple[str, ...] = ()
+
+    def handle(self, shard, worker: int, message) -> dict | None:
+        """Record a message of one of `kinds` / `held_kinds`; for `kinds`, the reply's fields."""
+
+    def ready(self, shard, worker: int, message) -> dict | None:
+        """A held message's reply fields, once it can be answered."""
+
+    def control(self, shard, action: str, value) -> None:
+        """Apply one of `controls`."""
+
+    def push_scale(self, batch) -> float:
+        return 1.0
+
+    def pacers(self, shard, live: list[int]) -> list[int]:
+        return live
+
+    def on_done(self, shard) -> None:
+        """A worker ended its fit."""
+
+    def reply_fields(self, shard) -> dict:
+        """Fields every weights reply to a worker carries."""
+        return {}
+
+    def summary(self) -> dict | None:
+        return None
+
+
+def load_extension(spec: dict | None) -> ShardExtension | None:
+    """The extension a shard's config names: {"class": "nbdist.<module>:<Class>", "config": {...}}."""
+    if not spec:
+        return None
+    module, _, name = spec["class"].partition(":")
+    if not module.startswith("nbdist."):  # the config comes from the kernel; still, only nbdist's own code
+        raise ValueError(f"shard extension {spec['class']!r} is not part of nbdist")
+    return getattr(importlib.import_module(module), name)(spec.get("config") or {})
+
+
+class Shard:
+    """The state and rules of one shard; `handle` maps one decoded message to its replies."""
+
+    log_fields = LOG_FIELDS
+
+    def __init__(self, config: dict):
+        self.index: int = config.get("shard", 0)
+        self.rule: dict | None = config.get("rule")  # None: the cell's optimizer; see updaters.make_updater
+        self.clock = config.get("clock", "real")
+        self.policy = policy_for(config.get("max_staleness"), bool(config.get("synchronous")), self.clock,
+                                 bool(config.get("start_barrier")))
+        self.momentum: float | None = config.get("momentum")
+        self.optimizer_backend: str = config.get("optimizer_backend", "auto")  # "keras": never the numpy rules
+        self.heartbeat_timeout_s: float = config.get("heartbeat_timeout_s", HEARTBEAT_TIMEOUT_S)
+        self.max_bytes: int = config.get("max_bytes", wire.DEFAULT_MAX_BYTES)
+        self.extension = load_extension(config.get("extension"))
+        self.workers = {k: WorkerState() for k in range(config["workers"])}
+        self.variables: dict[str, np.ndarray] = {}
+        self.updater = None
+        self.frozen: dict[str, np.ndarray] = {}
+        self.layout: list = []
+        self.spec: rules.OptimizerSpec | None = None
+        self.version = 0
+        self.restored: dict | None = None
+        self.counts = Counter(applied=0, acked=0, dropped=0, rejected=0)
+        self.rejections: Counter = Counter()
+        self.log: list[list] = []
+        self.events: list[dict] = []
+        self.shared = SharedArrays()
+        self.waiting: list[tuple[bytes, wire.Message]] = []  # held requests, in arrival order
+        self.epoch_logs: dict[int, dict[int, dict]] = {}  # epoch -> worker -> its epoch-end logs
+        self.epoch_vts: dict[int, dict[int, float]] = {}  # ... and when it reached the epoch's end (virtual)
+        self.at_barrier: set[int] = set()  # workers waiting for the others' epoch-end logs
+        self.stopping = False  # told to exit
+        self.finalized = False  # the end-of-fit finalisation (EMA) was done
+        self.paused = False  # control: hold every pull and push, so the version stands still
+        self.finishing = False  # every push reply tells its worker to end its fit ...
+        self.finishing_reason = ""  # ... because of a graceful "stop", or "laggards" (ASHL)
+        self.lr_scale = 1.0
+        self.step_cost: dict | None = None
+
+    # -- who is where ------------------------------------------------------------------
+    @property
+    def initialised(self) -> bool:
+        return bool(self.variables)
+
+    @property
+    def synchronous(self) -> bool:
+        return isinstance(self.policy, SynchronousRounds)
+
+    def live(self) -> list[int]:
+        return [k for k, w in self.workers.items() if w.alive and not w.done and not w.evicted]
+
+    def pacers(self) -> list[int]:
+        """The live workers a synchronous round waits for (one at an epoch's end pushes nothing more)."""
+        live = [k for k in self.live() if k not in self.at_barrier]
+        return self.extension.pacers(self, live) if self.extension is not None else live
+
+    def slowest(self) -> int | None:
+        counts = [self.workers[k].pushed for k in self.live()]
+        return min(counts) if counts else None
+
+    def lead(self) -> int:
+        counts = [self.workers[k].pushed for k in self.live()]
+        return max(counts) - min(counts) if counts else 0
+
+    def expected(self) -> dict:
+        return {name: (v.shape, v.dtype.name) for name, v in self.variables.items()}
+
+    def worker_of(self, message: wire.Message) -> int:
+        worker = message.header.get("worker")
+        if worker == CONTROLLER and message.kind in CONTROLLER_KINDS:
+            return -1
+        if not isinstance(worker, int) or worker not in self.workers:
+            raise wire.Rejected("unknown_worker", f"worker {worker!r}")
+        if not self.workers[worker].alive:
+            raise wire.Rejected("unknown_worker", f"worker {worker} was dropped as dead")
+        return worker
+
+    # -- messages ----------------------------------------------------------------------
+    def handle(self, ident: bytes, message: wire.Message) -> list:
+        """Replies as (ident, kind, arrays, fields); held requests are answered later by `release`."""
+        worker = self.worker_of(message)
+        if worker >= 0:
+            self.workers[worker].last_seen = time.time()
+        kind = message.kind
+        extension = self.extension
+        if extension is not None and kind in extension.kinds + extension.held_kinds:
+            fields = self._extension_call(extension.handle, worker, message)
+            if kind in extension.kinds:
+                return [(ident, "ok", None, fields or {})]
+        elif kind in HANDLERS:
+            replies = HANDLERS[kind](self, ident, worker, message)
+            if kind not in HELD_KINDS:
+                return replies
+        else:
+            raise wire.Rejected("malformed", f"unknown kind {kind!r}")
+        return self.hold(ident, message)
+
+    def hold(self, ident: bytes, message: wire.Message) -> list:
+        """Keep a request until `release` can answer it; what can be answered now."""
+        self.waiting.append((ident, message))
+        return [*self.policy.complete_round(self), *self.release()]  # a worker done with its fit leaves the round
+
+    def _extension_call(self, method, *args):
+        try:
+            return method(self, *args)
+        except ValueError as exc:
+            raise wire.Rejected("malformed", str(exc)) from None
+
+    def release(self) -> list:
+        """Answer every held request whose condition now holds (repeat: one release can free others)."""
+        replies, progressed = [], True
+        while progressed:
+            progressed = False
+            for item in list(self.waiting):
+                reply = self._try(*item)
+                if reply is not None:
+                    self.waiting.remove(item)
+                    replies += reply
+                    progressed = True
+            held = self.policy.release_held(self)
+            replies += held
+            progressed = progressed or bool(held)
+        return replies
+
+    def _try(self, ident: bytes, message: wire.Message):
+        worker, kind = message.header.get("worker"), message.kind
+        if not self.workers[worker].alive:
+            return []  # dropped as dead while waiting: nobody to answer
+        if self.workers[worker].evicted and kind != "pull":  # its fit ends now, with the weights so far
+            return [self.weights_reply(ident, worker, stop=True)]
+        if self.paused:
+            return None
+        if kind == "pull":
+            step = {"step": self.step_cost} if self.step_cost else {}
+            return [self.weights_reply(ident, worker, stop=False, **step)] if self.initialised else None
+        if kind == "done":  # the end-of-fit barrier: answered once no live worker is still training
+            return self._end_of_fit(ident, worker)
+        if kind == "epoch":
+            agreed = self._agreed_epoch(worker, message.header["epoch"])
+            return None if agreed is None else [(ident, "ok", None, agreed)]
+        if kind == "push":
+            return self.policy.try_push(self, ident, worker, message)
+        fields = self._extension_call(self.extension.ready, worker, message)
+        return None if fields is None else [(ident, "ok", None, fields)]
+
+    def _end_of_fit(self, ident, worker):
+        if self.live():
+            return None
+        if not self.finalized and hasattr(self.updater, "finalize"):  # EMA: the averages become the weights
+            self.updater.finalize({n: self.shared.writable(self.variables, n) for n in self.variables})
+        self.finalized = True
+        clock = {"vt": getattr(self.policy, "times").now} if self.clock == "virtual" else {}
+        return [self.weights_reply(ident, worker, stop=False, **clock)]
+
+    # -- pushes ------------------------------------------------------------------------
+    def check_push(self, message: wire.Message) -> None:
+        """Decode a (compressed) push or probe and check its arrays; raise `wire.Rejected` otherwise."""
+        if not self.initialised:
+            raise wire.Rejected("malformed", f"{message.kind} before init")
+        reason = message.header.get("compression_reason")
+        if reason:
+            self.events.append({"t": time.time(), "event": "compression", "worker": message.header.get("worker"),
+                                "mode": message.header.get("compression"), "reason": str(reason)[:200]})
+        try:
+            message.arrays = decode_push(message.arrays, message.header.get("compression"), self.expected())
+        except ValueError as exc:
+            raise wire.Rejected("malformed", f"compressed push: {exc}") from None
+        wire.check_arrays(message.arrays, self.expected())
+        if message.kind == "push" and not isinstance(message.header.get("version"), int):
+            raise wire.Rejected("malformed", "push without the version its gradient was computed on")
+
+    def apply_push(self, ident: bytes, worker: int, message: wire.Message, t: float | None = None, **fields) -> list:
+        """Apply one worker's push now (the release policy said so); its reply (with `fields`). `t`: the
+        push log's time (the virtual instant, on the virtual clock)."""
+        self.workers[worker].pushed += 1
+        staleness = self.version - message.header["version"]
+        grads = message.arrays
+        scale = self.extension.push_scale(message.header.get("batch")) if self.extension is not None else 1.0
+        if scale != 1.0:
+            grads = {name: g * np.asarray(scale, g.dtype) for name, g in grads.items()}
+        info = self.update(grads, worker, staleness)
+        self.log_push(worker, message.header.get("step"), staleness, info, t=t)
+        self.counts["acked"] += 1
+        return [self.weights_reply(ident, worker, staleness=staleness, gamma=info["gamma"], **fields)]
+
+    def update(self, grads: dict, worker: int, staleness: int) -> dict:
+        """One update of the shard's variables by the updater; what it did (DESIGN.md section 8 fields)."""
+        variables = {name: self.shared.writable(self.variables, name) for name in grads}
+        info = self.updater.apply(variables, grads, worker, staleness, self.version, self.lr_scale)
+        if info["outcome"] == "applied":
+            self.version += 1
+        self.counts[info["outcome"]] += 1
+        return info
+
+    def weights_reply(self, ident: bytes, worker: int, stop: bool | None = None, **fields) -> tuple:
+        """The current weights for `worker` (what it computes on next), with the shard's version."""
+        self.updater.sent(worker, self.variables)
+        extra = self.extension.reply_fields(self) if self.extension is not None else {}
+        self.shared.hold(self.variables.values())  # until sent: an update before then works on a copy
+        return (ident, "weights", dict(self.variables),
+                {"version": self.version, "stop": self.finishing if stop is None else stop, **extra, **fields})
+
+    def become_synchronous(self) -> None:
+        """Rounds from now on (ASHL's SHL phase), applied by the cell's own optimizer."""
+        if self.synchronous:
+            return
+        self.policy = SynchronousRounds()
+        if self.initialised:
+            self.updater = make_updater(None, self.spec, self.variables, {}, getattr(self.updater, "iterations", 0),
+                                        self.optimizer_backend)
+
+    # -- epochs ------------------------------------------------------------------------
+    def post_epoch(self, worker: int, header: dict) -> None:
+        epoch, logs = header.get("epoch"), header.get("logs")
+        if not isinstance(epoch, int) or not isinstance(logs, dict) or \
+                not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in logs.values()):
+            raise wire.Rejected("malformed", "an epoch message carries an int epoch and numeric logs")
+        self.epoch_logs.setdefault(epoch, {})[worker] = logs
+        if isinstance(header.get("vt"), (int, float)):
+            self.epoch_vts.setdefault(epoch, {})[worker] = float(header["vt"])
+        self.at_barrier.add(worker)
+
+    def _agreed_epoch(self, worker: int, epoch: int) -> dict | None:
+        """The reply fields (the mean of every worker's logs for `epoch`) once every live worker has posted them."""
+        posted = self.epoch_logs.get(epoch, {})
+        if any(k not in posted for k in self.live()):
+            return None
+        self.at_barrier.discard(worker)
+        keys = sorted({k for logs in posted.values() for k in logs})
+        mean = {k: sum(logs[k] for logs in posted.values() if k in logs) / sum(k in logs for logs in posted.values())
+                for k in keys}
+        for old in [e for e in self.epoch_logs if e < epoch - 1]:
+            del self.epoch_logs[old]
+            self.epoch_vts.pop(old, None)
+        agreed = {"logs": mean, "workers": sorted(posted)}
+        vts = self.epoch_vts.get(epoch)
+        if vts:  # on the virtual clock every worker leaves the barrier when the last one reached it
+            agreed["vt"] = max(vts.values())
+            self.policy.barrier_released(self, [worker], agreed["vt"])
+        return agreed
+
+    # -- controls, log, health ---------------------------------------------------------
+    def control(self, header: dict) -> dict:
+        """Apply one control (dashboard, sidebar, `Run.control`); the reply (the control state) acknowledges it."""
+        from .controls import apply_control
+
+        action, value = header.get("action"), header.get("value")
+        extension = self.extension
+        if extension is not None and action in extension.controls:
+            self._extension_call(extension.control, action, value)
+        else:
+            apply_control(self, action, value)
+        self.events.append({"t": time.time(), "event": f"control:{action}", "value": value})
+        return self.control_state()
+
+    def control_state(self) -> dict:
+        return {"paused": self.paused, "finishing": self.finishing, "lr_scale": self.lr_scale,
+                "max_staleness": getattr(self.policy, "bound", None), "version": self.version,
+                "synchronous": self.synchronous, "evicted": [k for k, w in self.workers.items() if w.evicted]}
+
+    def log_push(self, worker, step, staleness, info: dict, t: float | None = None) -> None:
+        if len(self.log) < LOG_LIMIT:
+            self.log.append([round(time.time() if t is None else t, 6), worker, step, self.version, staleness,
+                             info["outcome"],
+                             self.lead(), info.get("gamma"), info.get("momentum"), info.get("comp_norm"),
+                             info.get("lr")])
+
+    def reject(self, reason: str, detail: str, worker=None) -> None:
+        self.counts["rejected"] += 1
+        self.rejections[reason] += 1
+        if isinstance(worker, int) and worker in self.workers:
+            self.log_push(worker, None, None, {"outcome": f"rejected:{reason}"})
+        print(f"nbdist-ps shard {self.index}: rejected {reason} ({detail}) from worker {worker!r}",
+              file=sys.stderr, flush=True)
+
+    def check_heartbeats(self, now: float) -> list:
+        """Drop workers silent for longer than the heartbeat timeout; answer what that frees."""
+        dropped = False
+        for k, w in self.workers.items():
+            if w.alive and not w.done and w.last_seen is not None and now - w.last_seen > self.heartbeat_timeout_s:
+                w.alive, w.died_at, dropped = False, now, True
+                self.events.append({"t": now, "event": "worker_dropped", "worker": k, "pushed": w.pushed,
+                                    "silent_s": round(now - w.last_seen, 2)})
+                print(f"nbdist-ps shard {self.index}: worker {k} silent for {now - w.last_seen:.1f} s, dropped",
+                      file=sys.stderr, flush=True)
+        if dropped or self.policy.waits_on_time():  # a drop, or a deadline (the start barrier's), frees held ones
+            return self.policy.complete_round(self) + self.release()
+        return []
+
+    def summary(self) -> dict:
+        return {"shard": self.index, "version": self.version, "counts": dict(self.counts),
+                "rule": self.rule, "synchronous": self.synchronous, "control": self.control_state(),
+                "rejections": dict(self.rejections), "layout": self.layout, "names": list(self.variables),
+                "coordination": self.extension.summary() if self.extension is not None else None,
+                "optimizer": asdict(self.spec) if self.spec else None,
+                "workers": {k: {"pushed": w.pushed, "alive": w.alive, "done": w.done, "died_at": w.died_at}
+                            for k, w in self.workers.items()}}
+
+    def state_arrays(self) -> dict:
+        """Copies (a checkpoint is rare; copies need no tracking while they are sent)."""
+        return {**{n: np.array(v) for n, v in self.variables.items()}, **self.updater.state(), **self.frozen}
+
+    # -- the model arrives -------------------------------------------------------------
+    def init(self, message: wire.Message):
+        """The first worker's model: variables, the notebook optimizer's slots, the updater; (kind, arrays, fields)."""
+        trainable = set(message.header.get("trainable") or [])
+        names = [n for n in message.arrays if n in trainable]
+        if self.initialised:  # resumed, or a later fit of the same cell: the PS keeps its state
+            if sorted(names) != sorted(self.variables):
+                return "error", None, {"message": f"shard {self.index} holds {sorted(self.variables)[:3]}..., "
+                                                  f"this model has {sorted(names)[:3]}...; the model changed "
+                                                  "between fit calls of one run"}
+            return "ok", None, {"version": self.version, "kept": True}
+        saved = {n: a for n, a in message.arrays.items() if n.rsplit(":", 1)[0] in trainable}
+        iterations = int(message.header.get("iterations") or 0)
+        source = message.arrays
+        if self.restored is not None:
+            source = saved = self.restored["arrays"]
+            missing = [n for n in names if n not in source]
+            if missing:
+                return "error", None, {"message": f"the checkpoint has no variable(s) {missing[:3]}; it was "
+                                                  "saved from another model"}
+            self.version = self.restored["version"]
+            iterations = int(np.asarray(saved.get(ITERATIONS, self.version)))
+        self.spec = rules.OptimizerSpec(**message.header["optimizer"])
+        if self.momentum is not None:  # --momentum overrides the cell's (asgd:momentum=0 in comparisons)
+            self.spec = replace(self.spec, momentum=float(self.momentum))
+        for name in names:
+            value = np.array(source[name], dtype=message.arrays[name].dtype)
+            if value.shape != message.arrays[name].shape:
+                return "error", None, {"message": f"checkpoint {name} has shape {value.shape}, the model "
+                                                  f"{message.arrays[name].shape}"}
+            self.variables[name] = value
+        self.updater = make_updater(self.rule, self.spec, self.variables, saved, iterations, self.optimizer_backend)
+        self.frozen = {k: np.array(v) for k, v in message.arrays.items() if k not in self.variables and k not in saved}
+        self.layout = message.header.get("layout") or []
+        self.step_cost = message.header.get("step")  # the virtual clock's step cost, for every worker's pull
+        self.events.append({"t": time.time(), "event": "init", "version": self.version,
+                            "resumed": self.restored is not None, "iterations": iterations})
+        return "ok", None, {"version": self.version, "kept": False}
+

@@ -1,0 +1,180 @@
+"""Release policies on the virtual clock (DESIGN.md section 7): pushes applied in virtual-time order.
+
+Every push says when it reaches the PS on its worker's virtual clock (`vt`) and the least time
+from its reply to that worker's next push (`gap`). A push is applied only when no live worker
+can still deliver an earlier one (conservative discrete-event ordering, as in a parallel
+discrete-event simulator): every other live worker either has a push waiting that comes later
+(ties broken by rank), or cannot reach the PS before it (its last reply's time plus its gap is
+later), or waits at the epoch's end. Replies carry the virtual instant they leave the PS. A
+worker that has not pushed once within `LATECOMER_S` real seconds of the first push is
+reported and no longer waited for.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .release import BoundedStaleness, ReleasePolicy, SynchronousRounds
+
+LATECOMER_S = 120.0
+
+
+class WorkerTimes:
+    """What a shard knows of its workers' virtual clocks."""
+
+    def __init__(self):
+        self.answered: dict[int, float] = {}  # worker -> virtual time its last reply left
+        self.gap: dict[int, float] = {}  # worker -> least seconds from a reply to its next arrival
+        self.now = 0.0  # the virtual instant of the last update applied
+        self.first_push: float | None = None  # real time of the first push (the latecomer clock)
+        self.latecomers: set[int] = set()
+
+    def note(self, worker: int, message) -> None:
+        self.gap[worker] = float(message.header["gap"])
+        if self.first_push is None:
+            self.first_push = time.time()
+
+    def earliest_possible(self, worker: int) -> float | None:
+        """The earliest virtual time `worker` could still deliver a push; None: not known yet."""
+        if worker not in self.gap:
+            return None
+        return self.answered.get(worker, 0.0) + self.gap[worker]
+
+    def may_come_before(self, shard, worker: int, t: float, rank: int) -> bool:
+        """Whether `worker` (no push waiting) could still deliver one before (t, rank)."""
+        if worker in shard.at_barrier or worker in self.latecomers:
+            return False  # at an epoch's end: its next push follows the barrier, after every pending one
+        earliest = self.earliest_possible(worker)
+        if earliest is None:
+            if self.first_push is not None and time.time() - self.first_push > LATECOMER_S:
+                self.latecomers.add(worker)
+                shard.events.append({"t": time.time(), "event": "latecomer", "worker": worker,
+                                     "reason": f"no push within {LATECOMER_S:.0f} s of the first; not waited for"})
+                return False
+            return True
+        return earliest < t or (earliest == t and worker < rank)
+
+
+def _waiting_pushes(shard) -> list[tuple[float, int, bytes, object]]:
+    return [(m.header["vt"], m.header["worker"], ident, m) for ident, m in shard.waiting if m.kind == "push"]
+
+
+class VirtualOrder(BoundedStaleness):
+    """Asynchronous pushes applied in virtual-time order, with an optional staleness bound (None: none)."""
+
+    name = "virtual_order"
+
+    def __init__(self, bound: int | None = None):
+        super().__init__(bound)
+        self.times = WorkerTimes()
+        self.unblocked: dict[int, float] = {}  # worker -> virtual time its bound-held push became applicable
+
+    def note_push(self, shard, worker: int, message) -> None:
+        self.times.note(worker, message)
+
+    def waits_on_time(self) -> bool:
+        return self.times.first_push is not None and len(self.times.latecomers) == 0
+
+    def barrier_released(self, shard, workers, vt) -> None:
+        for worker in workers:
+            self.times.answered[worker] = max(self.times.answered.get(worker, 0.0), vt)
+
+    def _blocked(self, shard, worker: int) -> bool:
+        if self.bound is None:
+            return False
+        others = [shard.workers[k].pushed for k in shard.live() if k != worker]
+        return bool(others) and shard.workers[worker].pushed + 1 - min(others) > max(self.bound, 1)
+
+    def _effective(self, shard, vt: float, worker: int) -> float | None:
+        """When the push may take effect: its arrival, or when the bound let it go; None while held."""
+        if self._blocked(shard, worker):
+            self.unblocked.pop(worker, None)
+            return None
+        if worker not in self.unblocked:
+            self.unblocked[worker] = max(vt, self.times.now)
+        return max(vt, self.unblocked[worker])
+
+    def try_push(self, shard, ident, worker, message):
+        candidates = []
+        for vt, k, _, _ in _waiting_pushes(shard):
+            effective = self._effective(shard, vt, k)
+            if effective is not None:
+                candidates.append((effective, k))
+        if not candidates or min(candidates) != (self._effective(shard, message.header["vt"], worker), worker):
+            return None
+        t = min(candidates)[0]
+        waiting = {k for _, k, _, _ in _waiting_pushes(shard)}
+        if any(self.times.may_come_before(shard, j, t, worker) for j in shard.live() if j != worker and j not in waiting):
+            return None
+        self.unblocked.pop(worker, None)
+        self.times.now = max(self.times.now, t)
+        replies = shard.apply_push(ident, worker, message, t=t, vt=t)
+        self.times.answered[worker] = t
+        slowest = shard.slowest()
+        if self.bound == 0 and slowest is not None and shard.workers[worker].pushed > slowest:
+            self.held.append((ident, worker, shard.workers[worker].pushed))
+            return []
+        return replies
+
+    def release_held(self, shard) -> list:
+        replies = []
+        for held in list(self.held):
+            ident, worker, pushed = held
+            slowest = shard.slowest()
+            if slowest is None or pushed <= slowest or not shard.workers[worker].alive:
+                self.held.remove(held)
+                self.times.answered[worker] = self.times.now  # released by the event that let it go
+                replies.append(shard.weights_reply(ident, worker, vt=self.times.now))
+        return replies
+
+    def reply_time(self) -> float:
+        return self.times.now
+
+    def describe(self) -> dict:
+        return {"policy": self.name, "max_staleness": self.bound}
+
+
+class VirtualRounds(SynchronousRounds):
+    """Synchronous rounds on the virtual clock: a round completes at the latest arrival of its pushes, once
+    every pacing worker has pushed and no other worker could still join it."""
+
+    name = "virtual_rounds"
+
+    def __init__(self):
+        super().__init__()
+        self.times = WorkerTimes()
+        self.vts: dict[int, float] = {}  # this round's pushes' arrival times
+
+    def note_push(self, shard, worker: int, message) -> None:
+        self.times.note(worker, message)
+
+    def barrier_released(self, shard, workers, vt) -> None:
+        for worker in workers:
+            self.times.answered[worker] = max(self.times.answered.get(worker, 0.0), vt)
+
+    def complete_round(self, shard, vt=None) -> list:
+        if not self.round or any(k not in self.round for k in shard.pacers()):
+            return []
+        round_time = max(self.vts.values())
+        others = [j for j in shard.live() if j not in self.round]
+        if any(self.times.may_come_before(shard, j, round_time, len(shard.workers)) for j in others):
+            return []  # a worker outside the pace (a longer push period) may still join this round
+        self.times.now = max(self.times.now, round_time)
+        for worker in self.round:
+            self.times.answered[worker] = round_time
+        self.vts = {}
+        return super().complete_round(shard, vt=round_time)
+
+    def try_push(self, shard, ident, worker, message):
+        if worker in self.round:
+            return None
+        self.vts[worker] = message.header["vt"]
+        return super().try_push(shard, ident, worker, message)
+
+    def reply_time(self) -> float:
+        return self.times.now
+
+
+def virtual_policy(max_staleness: int | None, synchronous: bool) -> ReleasePolicy:
+    """The virtual-clock policy a shard's settings name."""
+    return VirtualRounds() if synchronous else VirtualOrder(max_staleness)

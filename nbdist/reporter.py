@@ -1,0 +1,97 @@
+"""The engine-side Keras callback that turns training into metric records (DESIGN.md section 8)."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import keras
+
+from .telemetry import make_record
+
+
+class ProgressReporter(keras.callbacks.Callback):
+    """Records progress at most every `interval_s` and publishes the latest.
+
+    `publish(dict)` sends the latest state to the kernel (ipyparallel's datapub on an engine);
+    the full list of records stays in `records` for the result. `extra()` returns the
+    strategy's own fields (staleness, bytes_sent, comm_s) for each record; it may be set after
+    construction. `batch_size` may be a function, for a worker whose batch changes (ASHL).
+    """
+
+    # Batch-end hooks then run on Keras' dispatch thread, so training never waits for us to
+    # read the loss; the counters are touched from that one thread only.
+    async_safe = True
+
+    def __init__(self, run_id, worker: int, batch_size, publish=None, interval_s: float = 0.5,
+                 phase: str = "train", extra=None, clock=None):
+        super().__init__()
+        self.run_id, self.worker, self.batch_size, self.publish = run_id, worker, batch_size, publish
+        self.interval_s, self.phase, self.extra = interval_s, phase, extra
+        self.clock = clock or time.time  # on the virtual clock: the run's start plus virtual seconds
+        self.wall_last = 0.0
+        self.records: list[dict] = []
+        self.first_step_t: float | None = None
+        self.host = socket.gethostname()
+        self.steps = 0
+        self._samples = 0
+        self._epoch = 0
+        self._last_t = 0.0
+        self._last_samples = 0
+
+    def _batch(self):
+        return self.batch_size() if callable(self.batch_size) else self.batch_size
+
+    def on_train_begin(self, logs=None):
+        self._last_t, self.wall_last = self.clock(), time.time()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.first_step_t is None:
+            self.first_step_t = time.time()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+        self._samples += self._batch() or 0
+        wall = time.time()  # records go out at most every interval_s of wall time, whatever the clock
+        if wall - self.wall_last >= self.interval_s:
+            self.wall_last = wall
+            self._emit(self.clock(), logs, batch + 1)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._emit(self.clock(), logs, self.params.get("steps"), epoch_end=True)
+
+    def _emit(self, now, logs, batch_in_epoch, epoch_end=False):
+        logs = logs or {}
+        elapsed = max(now - self._last_t, 1e-9)
+        measured = self.batch_size is not None
+        record = make_record(
+            run=self.run_id, worker=self.worker, host=self.host, step=self.steps, epoch=self._epoch, t=now,
+            loss=_float(logs.get("loss")), samples=self._samples if measured else None,
+            samples_per_s=(self._samples - self._last_samples) / elapsed if measured else None,
+            **{"staleness": 0, "lr": _learning_rate(self.model), "phase": self.phase,
+               **(self.extra() if self.extra is not None else {})},
+        )
+        self.records.append(record)
+        self._last_t, self._last_samples = now, self._samples
+        if self.publish is not None:
+            self.publish({"record": record, "batch_size": self._batch(), "epochs": self.params.get("epochs"),
+                          "steps": self.params.get("steps"), "batch": batch_in_epoch, "epoch_end": epoch_end,
+                          "logs": {k: _float(v) for k, v in logs.items()}})
+
+
+def _float(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _learning_rate(model):
+    optimizer = getattr(model, "optimizer", None)
+    try:
+        return float(optimizer.learning_rate)
+    except Exception:  # schedules and missing optimizers: not worth a failure
+        return None

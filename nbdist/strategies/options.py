@@ -1,0 +1,34 @@
+"""The `%%distribute` options several strategies read, declared once (each strategy lists the ones it reads;
+options only one strategy reads are declared in its own module)."""
+
+from __future__ import annotations
+
+from .base import Option
+
+SIMULATE = Option("--simulate", "make workers slower to study heterogeneity on one machine: 'speed=1,1,0.5,0.25; "
+                  "bandwidth=1g,1g,100m,10m; latency=0,0,5ms,20ms' (one value per worker, or one for all); add "
+                  "'clock=virtual' (and optionally 'step=12ms') for a virtual clock that never sleeps and orders "
+                  "pushes by simulated time", metavar="SPEC")
+
+# the parameter server
+PS_SHARDS = Option("--ps-shards", "number of parameter-server shards; variables are spread over them balanced "
+                   "by size (default 1)", type=int, default=1, metavar="S", minimum=1)
+PS_ON = Option("--ps-on", "where the parameter-server shards run: notebook (this host, the default) or engines "
+               "(one per worker host, round robin: for multi-host scale)", default="notebook",
+               choices=("notebook", "engines"))
+MAX_STALENESS = Option("--max-staleness", "stale-synchronous bound: a worker whose pushed steps would lead the "
+                       "slowest live worker's by more than max(s, 1) waits; 0 is lock-step (default: unbounded)",
+                       type=int, metavar="s", minimum=0)
+CHECKPOINT_EVERY = Option("--checkpoint-every", "save the parameter server's weights and optimizer state every "
+                          "this many seconds, and at the end (default 30)", type=float, default=30.0,
+                          metavar="SECONDS", minimum=0.1)
+CHECKPOINT_DIR = Option("--checkpoint-dir", "where checkpoints go, as run-N.npz (default nbdist-checkpoints, next "
+                        "to the notebook)", default="nbdist-checkpoints", metavar="DIR")
+RESUME = Option("--resume", "start from the newest checkpoint in --checkpoint-dir (or from PATH) instead of the "
+                "model's initial weights", optional_value="latest", metavar="PATH")
+MOMENTUM = Option("--momentum", "the momentum mu the PS uses instead of the cell optimizer's (asgd:momentum=0 in "
+                  "comparisons; the delay rules' mu, default the optimizer's or 0.9)", type=float, metavar="MU")
+LAM0 = Option("--lam0", "adaptive compensation: lambda_t = lam0/sqrt(MS_k + 1e-7) (default 2)", type=float,
+              metavar="LAMBDA0")
+
+PARAMETER_SERVER = (PS_SHARDS, PS_ON, MAX_STALENESS, CHECKPOINT_EVERY, CHECKPOINT_DIR, RESUME, SIMULATE)

@@ -1,0 +1,273 @@
+"""The parameter-server family's halves: what every strategy that trains through nbdist's PS shares.
+
+Worker half (`PsWorker`): Keras' own `fit` on the worker's data, with the optimizer's
+`apply_gradients` replaced by one push-pull with the shards (a `tf.numpy_function` in the
+compiled step). Its hooks, for the strategies built on it:
+
+- `fit_data(request)`: the `fit` arguments of this worker's data (default: an equal strided shard);
+- `connect(exchange, model, variables)`: route training through the PS; returns callbacks it needs;
+- `train(request, exchange, data, callbacks)`: run `fit` (default: Keras' own, once);
+- `optimizer_spec(optimizer)`: what the PS needs of the optimizer, refusing what it cannot apply;
+- `exchange_class`: the `PushPull` kind it exchanges with.
+
+Controller half (`PsStrategy`): starts the shards (`PsService`), hands them their settings
+(`shard_settings(workers)`: the update rule and the release policy), relays live controls
+and telemetry, checks the shards' health, collects their logs and checkpoints at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict
+
+import numpy as np
+
+from .. import optimizer_state
+from ..errors import NbdistError, OptionError, ParameterServerFailed
+from ..hetero import Profile, Slowdown, StepCost, parse_clock, parse_simulate
+from ..keras_bridge import apply_gradients_restored, build_for_training
+from ..netroute import address_towards_cluster
+from ..ps import checkpoint, delay, rules
+from ..ps.client import PsClient, merged
+from ..ps.exchange import PushPull
+from ..ps.partition import partition
+from ..ps.service import PsService
+from ..sharding import shard_fit_data
+from ..virtual_clock import VirtualClock, measure_step_cost
+from . import options as opt
+from .base import Reports, Strategy, Worker
+from .ps_callbacks import epoch_agreement, follow_learning_rate, restore_best_weights, stop_when_asked
+
+
+class PsWorker(Worker):
+    """One worker of a parameter-server strategy; see the module docstring for its hooks."""
+
+    exchange_class = PushPull
+    uses_ps_optimizer = True  # the PS applies the cell's optimizer (ADSP's workers apply their own)
+
+    def fit(self, request):
+        model, optimizer = request.model, request.model.optimizer
+        spec = self.optimizer_spec(optimizer)  # refuse an optimizer the PS cannot apply, before any work
+        data = self.fit_data(request)
+        build_for_training(model, data["x"])
+        variables = list(model.trainable_variables)
+        names = variable_names(model)["trainable"]
+        plan = partition({n: int(np.prod(v.shape)) for n, v in zip(names, variables)}, len(self.config["shards"]))
+        client = PsClient(self.config["shards"], bytes.fromhex(self.config["key"]), self.rank)
+        exchange = self.exchange_class(client, plan, names, request.samples_per_step, Slowdown(self.simulated))
+        user = self.user_callbacks(request)
+        try:
+            if self.rank == 0:
+                _init_shards(client, model, spec, plan, names, self._step_cost(model, data, request))
+            assign(variables, exchange.pull())
+            if self.virtual_step is not None or exchange.pulled.get("step"):
+                self.virtual_step = StepCost(**(exchange.pulled.get("step") or self.virtual_step.to_json()))
+                exchange.virtual = VirtualClock(self.simulated or Profile(), self.virtual_step,
+                                                request.samples_per_step or 32)
+            with apply_gradients_restored(model):
+                own = self.connect(exchange, model, variables)
+                follow = [follow_learning_rate(client, optimizer)] if self.rank == 0 and self.uses_ps_optimizer else []
+                callbacks = [epoch_agreement(client, exchange), *user, *follow, *own, stop_when_asked(exchange)]
+                history = self.train(request, exchange, data, callbacks)
+                for callback in own:
+                    getattr(callback, "finish", lambda: None)()
+                getattr(exchange, "flush", lambda: None)()
+            assign(variables, exchange.done())  # waits for the other workers; the final PS weights
+            if self.uses_ps_optimizer:
+                _take_optimizer_state(client, optimizer, variables, names)
+            restore_best_weights(user, model)
+            return history
+        finally:
+            client.close()
+
+    def optimizer_spec(self, optimizer) -> rules.OptimizerSpec:
+        """What the PS needs of the cell's optimizer; the delay rules refuse all but SGD."""
+        spec = rules.spec_from_keras(optimizer)
+        if self.config.get("rule") in delay.PRESETS and spec.kind != "SGD":
+            raise OptionError(f"--strategy {self.spec['strategy']} is an SGD rule (learning rate and momentum from "
+                              f"the cell's optimizer); the cell compiled {spec.kind}. Compile with "
+                              "keras.optimizers.SGD(lr, momentum=...), or use --strategy asgd to keep your optimizer.")
+        return spec
+
+    @property
+    def simulated(self) -> dict | None:
+        """This worker's `--simulate` profile, if any."""
+        return (self.config.get("simulate") or [None] * self.size)[self.rank]
+
+    def _step_cost(self, model, data: dict, request) -> dict | None:
+        """Rank 0, on the virtual clock: the run's step cost, given or measured here once (then fixed)."""
+        virtual = self.config.get("virtual")
+        if virtual is None:
+            return None
+        step = StepCost(**virtual["step"]) if virtual.get("step") else measure_step_cost(
+            model, data, request.samples_per_step or 32)
+        self.virtual_step = step
+        return step.to_json()
+
+    def fit_data(self, request) -> dict:
+        """The `fit` arguments of this worker's share of the data (default: an equal strided shard)."""
+        return shard_fit_data(request, self.rank, self.size)
+
+    def reporter_clock(self, exchange: PushPull):
+        """What the worker's records call the time: wall time, or the run's start plus virtual seconds."""
+        if exchange.virtual is None:
+            return None
+        start = self.spec.get("cell_start") or 0.0
+        return lambda: start + exchange.virtual.now
+
+    def train(self, request, exchange: PushPull, data: dict, callbacks: list):
+        """Keras' `fit` over this worker's data, every step through the PS."""
+        reporter = self.make_reporter(request.samples_per_step, extra=exchange.metrics,
+                                      clock=self.reporter_clock(exchange))
+        return request.run_plain(callbacks=[*callbacks, reporter], verbose=0, **data)
+
+    def connect(self, exchange: PushPull, model, variables) -> list:
+        """Route training through the PS; returns the callbacks that need. Default: every step's gradient
+        goes to the PS instead of the local optimizer."""
+        model.optimizer.apply_gradients = pushed(exchange, variables)
+        model.jit_compile = False  # XLA cannot compile a numpy_function
+        return []
+
+
+def _init_shards(client, model, spec, plan, names, step: dict | None = None) -> None:
+    """Rank 0 hands each shard its variables (shard 0 also the non-trainable ones, for checkpoints) and
+    the optimizer's state for them, so training continues from the notebook's optimizer."""
+    named = variable_names(model)
+    trainable = dict(zip(names, (v.numpy() for v in model.trainable_variables)))
+    frozen = dict(zip(named["non_trainable"], (v.numpy() for v in model.non_trainable_variables)))
+    slots, iterations = optimizer_state.export(model.optimizer, model.trainable_variables, names)
+    per_shard = [{n: trainable[n] for n in shard} | {k: a for k, a in slots.items() if k.rsplit(":", 1)[0] in shard}
+                 | (frozen if i == 0 else {}) for i, shard in enumerate(plan)]
+    client.request("init", per_shard, optimizer=asdict(spec), trainable=names, layout=named["layout"],
+                   iterations=iterations, step=step)
+
+
+def _take_optimizer_state(client, optimizer, variables, names) -> None:
+    """The PS's optimizer slots and step count into this worker's optimizer, as a local fit leaves them."""
+    state = merged(client.request("state"))
+    step = state.get(optimizer_state.ITERATIONS)
+    optimizer_state.load(optimizer, variables, names, state, None if step is None else int(step))
+
+
+def variable_names(model) -> dict[str, list[str]]:
+    """Names of the model's variables that are the same on every engine and in every run.
+
+    Keras' own paths (``sequential_3/dense_7/kernel``) count the models an engine built
+    before, so they differ between engines; the position among the trainable (``t0003``)
+    or non-trainable (``n0000``) variables does not. `layout` is `model.weights` order.
+    """
+    trainable = [f"t{i:04d}:{v.name}" for i, v in enumerate(model.trainable_variables)]
+    non_trainable = [f"n{i:04d}:{v.name}" for i, v in enumerate(model.non_trainable_variables)]
+    by_id = {id(v): n for v, n in zip(model.trainable_variables, trainable)}
+    by_id |= {id(v): n for v, n in zip(model.non_trainable_variables, non_trainable)}
+    return {"trainable": trainable, "non_trainable": non_trainable, "layout": [by_id[id(w)] for w in model.weights]}
+
+
+def assign(variables, values) -> None:
+    for variable, value in zip(variables, values):
+        variable.assign(value)
+
+
+def pushed(exchange: PushPull, variables):
+    """An `apply_gradients` that sends the gradients to the PS and installs the weights it returns."""
+    import tensorflow as tf
+
+    def apply(grads_and_vars):
+        pairs = list(grads_and_vars)
+        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in pairs]
+        new = tf.numpy_function(exchange.push, grads, [v.dtype for v in variables], stateful=True,
+                                name="nbdist_push_pull")
+        for variable, value in zip(variables, new):
+            variable.assign(tf.ensure_shape(value, variable.shape))
+
+    return apply
+
+
+class PsStrategy(Strategy):
+    """The controller half of every parameter-server strategy: shards, controls, health, result."""
+
+    reads = (*opt.PARAMETER_SERVER, opt.MOMENTUM)
+    reports = Reports(panels=("loss", "throughput", "staleness", "staleness distribution"),
+                      controls=("pause", "resume", "stop", "lr_scale", "max_staleness", "evict"))
+    worker_class = PsWorker
+    survives_worker_loss = True
+    uses_control_bus = False  # the shards carry the controls (they hold pushes, tell workers to stop)
+
+    def __init__(self, values):
+        super().__init__(values)
+        self.service: PsService | None = None
+        self.cluster = None
+
+    def prepare(self, run, cluster) -> dict:
+        profiles = parse_simulate(self.value("simulate"), len(run.workers))
+        resume = self._checkpoint_to_resume()
+        self.cluster = cluster
+        settings = self.shard_settings(len(run.workers))
+        self.service = PsService(run.id, self.value("ps_shards"), len(run.workers), settings,
+                                 self.value("checkpoint_dir"), self.value("checkpoint_every"))
+        towards = address_towards_cluster(cluster.client, all(cluster.shares_network(e) for e in run.workers))
+        on_engines = self.value("ps_on") == "engines"
+        self.service.start(towards, cluster if on_engines else None, run.workers if on_engines else None)
+        run.services = [{"kind": "shard", "index": s.index, "pid": s.pid, "host": s.host, "address": s.address,
+                         "engine": s.engine} for s in self.service.shards]
+        if resume is not None:
+            self.service.restore(resume)
+            run.events.append({"t": time.time(), "event": "resumed", "path": resume["path"],
+                               "version": resume.get("version")})
+        clock, step = parse_clock(self.value("simulate"))
+        return {"shards": self.service.addresses, "key": self.service.key.hex(),
+                "rule": (settings["rule"] or {}).get("preset"),
+                "simulate": [p.to_json() for p in profiles],
+                "virtual": {"step": step.to_json() if step else None} if clock == "virtual" else None}
+
+    def shard_settings(self, workers: int) -> dict:
+        """How the shards treat pushes: the update rule (None: the cell's optimizer) and the release policy."""
+        return {"max_staleness": self.value("max_staleness"), "rule": None, "synchronous": False,
+                "momentum": self.value("momentum"), "start_barrier": True, "clock": self.clock}
+
+    def _checkpoint_to_resume(self) -> dict | None:
+        choice = self.value("resume")
+        if not choice:
+            return None
+        directory = self.value("checkpoint_dir")
+        path = checkpoint.latest(directory) if choice == "latest" else choice
+        if path is None or not os.path.exists(path):
+            raise OptionError(f"--resume found no checkpoint ({path or 'none in ' + os.path.abspath(directory)}); "
+                              "run once without --resume, or give --resume PATH to a run-N.npz file.")
+        return checkpoint.load(path)
+
+    def control(self, action: str, value=None) -> list[dict]:
+        if self.service is None:
+            raise OptionError("the run has ended; there is nothing to control.")
+        return self.service.control(action, value)
+
+    def telemetry(self) -> dict:
+        if self.service is None or self.service.failure:
+            return {}
+        try:
+            return self.service.recent()
+        except NbdistError:  # a shard that does not answer is the monitor's to report
+            return {}
+
+    def check(self, run) -> None:
+        if self.service is not None and self.service.failure:
+            run.checkpoint = {**(self.service.last_checkpoint or {}), "weights": self.service.checkpoint_weights()}
+            saved = self.service.last_checkpoint
+            where = (f"The last checkpoint (PS version {saved['version']}, {time.time() - saved['saved_at']:.0f} s "
+                     f"old) is {saved['path']}; its weights are in nbdist.last_run.weights "
+                     "(model.set_weights(nbdist.last_run.weights)), or re-run the cell with --resume."
+                     if saved else "No checkpoint had been saved yet.")
+            raise ParameterServerFailed(f"the parameter server failed during run {run.id}: "
+                                        f"{self.service.failure} {where}")
+
+    def finish(self, run) -> None:
+        if self.service is None:
+            return
+        outcome = self.service.stop(self.cluster)
+        if outcome["checkpoint"] and not run.checkpoint:
+            run.checkpoint = {**outcome["checkpoint"], "weights": self.service.checkpoint_weights()}
+        run.ps = outcome["shards"]
+        run.events += [e for shard in outcome["shards"] for e in shard.get("events", [])
+                       if e["event"] == "worker_dropped"]
+        self.service = None

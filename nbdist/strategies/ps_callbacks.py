@@ -1,0 +1,76 @@
+"""Keras callbacks every parameter-server worker adds to the cell's own (they talk to the shards)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def epoch_agreement(client, exchange):
+    """The workers' epoch-end logs averaged on the PS (shard 0 waits for every live worker), so History
+    and the cell's callbacks see the same numbers on every worker, as under hfdt, and an EarlyStopping
+    or ReduceLROnPlateau decides the same on all of them."""
+    import keras
+
+    class EpochAgreement(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if logs is None:
+                return
+            numbers = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float, np.floating))}
+            reply = client.request("epoch", only=0, epoch=int(epoch), logs=numbers, **exchange.clock_fields())[0]
+            logs.update(reply.header.get("logs") or {})
+            if exchange.virtual is not None and isinstance(reply.header.get("vt"), (int, float)):
+                exchange.virtual.now = max(exchange.virtual.now, reply.header["vt"])  # the barrier's release
+
+    return EpochAgreement()
+
+
+def follow_learning_rate(client, optimizer):
+    """A learning rate the cell's callbacks set (ReduceLROnPlateau, LearningRateScheduler) reaches the PS,
+    which applies the optimizer: checked after the cell's callbacks at each epoch's start and end."""
+    import keras
+
+    from ..learning_rate import schedule_of
+
+    class FollowLearningRate(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.sent = self._current()
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._follow()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self._follow()
+
+        def _current(self):
+            return None if schedule_of(optimizer) is not None else float(optimizer.learning_rate)
+
+        def _follow(self):
+            value = self._current()
+            if value is not None and value != self.sent:
+                client.request("learning_rate", value=value)
+                self.sent = value
+
+    return FollowLearningRate()
+
+
+def stop_when_asked(exchange):
+    """Ends `fit` after the batch in which the PS asked for it, as Keras' own EarlyStopping does."""
+    import keras
+
+    class StopWhenAsked(keras.callbacks.Callback):
+        async_safe = True  # reads a flag only; Keras need not wait for it each step
+
+        def on_train_batch_end(self, batch, logs=None):
+            if exchange.stop_requested:
+                self.model.stop_training = True
+
+    return StopWhenAsked()
+
+
+def restore_best_weights(callbacks, model) -> None:
+    """An EarlyStopping(restore_best_weights=True) that restored its best weights keeps them, although the
+    end-of-fit exchange brought the PS's last weights."""
+    for callback in callbacks:
+        if getattr(callback, "restore_best_weights", False) and getattr(callback, "best_weights", None) is not None \
+                and getattr(callback, "stopped_epoch", 0) > 0:
+            model.set_weights(callback.best_weights)

@@ -1,0 +1,57 @@
+"""What the tests share: message builders for a shard, and helpers for the shared real cluster."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from nbdist.ps import wire
+
+KEY = wire.new_key()
+W0 = {"dense/kernel": np.arange(6, dtype=np.float32).reshape(2, 3), "dense/bias": np.zeros(3, np.float32)}
+SGD = {"name": "SGD", "learning_rate": 0.5}
+
+# a training cell of the suite's `build` model (tests/conftest.py's definitions) with plain SGD
+SGD_CELL = '''
+model = build()
+model.compile(optimizer=keras.optimizers.SGD({lr}), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+history = model.fit(x, y, batch_size={batch}, epochs={epochs}, steps_per_epoch={steps}, shuffle={shuffle},
+                    validation_data=(xt[:500], yt[:500]))
+'''
+
+
+def message(kind, arrays=None, **fields):
+    """A message as a shard receives it: encoded and decoded under the test key."""
+    return wire.decode(KEY, wire.encode(KEY, kind, arrays, **fields))
+
+
+def grads(value=1.0):
+    """A gradient of W0's shapes, every entry `value`."""
+    return {name: np.full(w.shape, value, np.float32) for name, w in W0.items()}
+
+
+def idle_engines(cluster, count: int) -> list[int]:
+    """At least `count` live engines of the shared cluster (starting more if needed); returns their ids."""
+    ipp_cluster, client = cluster
+    missing = count - len(client.ids)
+    if missing > 0:
+        ipp_cluster.start_engines_sync(n=missing)
+        client.wait_for_engines(count, timeout=120, block=True)
+    return sorted(client.ids)[:count]
+
+
+def eventually(kernel, expression: str, timeout: float = 60):
+    """The value of `expression` once truthy, polled from the kernel (bounded)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = kernel.value(expression)
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"{expression} still falsy after {timeout} s")
+
+
+def push_log(kernel) -> list[dict]:
+    """The first shard's push log of the kernel's last run, one dict per push."""
+    return kernel.value("[dict(zip(s['log_fields'], e)) for s in nbdist.last_run.ps[:1] for e in s['log']]")
