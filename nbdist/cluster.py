@@ -21,6 +21,7 @@ ENGINE_ARGS = ["--IPEngine.max_heartbeat_misses=5"]
 PROBE_TIMEOUT_S = 60
 ENGINE_START_TIMEOUT_S = 120
 RELEASE_TIMEOUT_S = 5
+BUSY_SETTLE_S = 0.5  # how long the hub may lag behind a result this client already has
 
 
 @dataclass
@@ -139,11 +140,21 @@ class ClusterHandle:
         return sorted(self.client.ids)
 
     def busy(self) -> set[int]:
+        """Engines with work queued or running (by any client).
+
+        Right after a result arrives the hub can still count its task for a few milliseconds; when this
+        client waits for nothing itself, the hub is asked again (bounded) before an engine reads as busy.
+        """
         ids = self.ids()
         if not ids:
             return set()
-        status = self.client.queue_status(targets=ids)
-        return {eid for eid in ids if status.get(eid, {}).get("queue", 0) or status.get(eid, {}).get("tasks", 0)}
+        deadline = time.time() + BUSY_SETTLE_S
+        while True:
+            status = self.client.queue_status(targets=ids)
+            busy = {eid for eid in ids if status.get(eid, {}).get("queue", 0) or status.get(eid, {}).get("tasks", 0)}
+            if not busy or self.client.outstanding or time.time() > deadline:
+                return busy
+            time.sleep(0.01)
 
     def info(self, eid: int) -> EngineInfo:
         return self._info.get(eid) or EngineInfo(eid)

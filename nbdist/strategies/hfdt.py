@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 from ..errors import ClusterError
 from ..hetero import Slowdown, parse_clock, parse_simulate
@@ -38,19 +39,12 @@ class HfdtWorker(Worker):
         return self.config["slots"][self.rank]
 
     def cell_context(self):
-        """Each engine uses only the GPU of its local rank."""
+        """Each engine computes on the GPU nbdist pinned it to when the cluster probed it (`nbdist.gpus`):
+        the first it sees (Horovod's local rank can differ from the pin)."""
         import tensorflow as tf
 
-        gpus = tf.config.list_physical_devices("GPU")
-        if not gpus:
-            return contextlib.nullcontext()
-        gpu = gpus[self.slot["local_rank"] % len(gpus)]
-        try:
-            tf.config.set_visible_devices(gpu, "GPU")
-            tf.config.experimental.set_memory_growth(gpu, True)
-            return contextlib.nullcontext()
-        except RuntimeError:  # TensorFlow already initialised on this engine: place ops instead
-            return tf.device(f"/GPU:{self.slot['local_rank'] % len(gpus)}")
+        visible = tf.config.get_visible_devices("GPU")
+        return tf.device("/GPU:0") if visible else contextlib.nullcontext()
 
     def fit(self, request):
         hvd = self._init_horovod()
@@ -85,7 +79,9 @@ class HfdtWorker(Worker):
         try:
             import horovod.tensorflow as hvd
         except ImportError as exc:
-            raise ClusterError(f"Horovod is not installed on this engine ({exc}); run `make setup` on its host.")
+            raise ClusterError(f"Horovod is not installed on this engine ({exc}); on its host run "
+                               f"`{sys.executable} -m nbdist.horovod install` (builds Horovod 0.28.1 once and caches "
+                               "the wheel).") from None
         if hvd.is_initialized():
             hvd.shutdown()
         slot = self.slot
