@@ -217,9 +217,10 @@ def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None) -> Run
     except KeyboardInterrupt:
         run.status, run.error = "interrupted", f"interrupted; {_stop_workers(cluster, pending)}"
         raise errors.RunInterrupted(f"run {run.id} {run.error}; the cluster is ready for the next cell") from None
-    except errors.NbdistError as exc:
+    except Exception as exc:  # a failure of nbdist's own kernel side too: the engines must not stay busy
         _stop_workers(cluster, pending)
-        run.status, run.error = "failed", str(exc)
+        run.status = "failed"
+        run.error = str(exc) if isinstance(exc, errors.NbdistError) else f"{type(exc).__name__}: {exc}"
         raise
     finally:
         run.ended_at = time.time()

@@ -103,9 +103,15 @@ ASYNC = [
         "their hyper-parameters and learning-rate schedules). Beware of heavy momentum with several "
         "asynchronous workers: asynchrony already acts like momentum (Mitliagkas et al., 2016). "
         "`--max-staleness 4` keeps any worker from running more than 4 steps ahead of the slowest; checkpoints "
-        "go to `--checkpoint-dir` every `--checkpoint-every` seconds and at the end."),
+        "go to `--checkpoint-dir` every `--checkpoint-every` seconds and at the end.\n\n"
+        "This notebook runs on the **virtual clock** (`--simulate \"clock=virtual; step=5ms\"`): three engines "
+        "that share this machine's cores would otherwise reach the parameter server in whatever order the "
+        "operating system schedules them. On the virtual clock every step costs 5 ms of simulated time and "
+        "the parameter server applies pushes in simulated-time order, so the staleness below is the same on "
+        "every run (and what equal hosts would see): the three pushes of a round arrive together and go in "
+        "rank order."),
     new_code_cell(
-        "%%distribute --strategy nfdt --workers 3 --max-staleness 4 --seed 0\n"
+        "%%distribute --strategy nfdt --workers 3 --max-staleness 4 --seed 0 --simulate \"clock=virtual; step=5ms\"\n"
         "model = build()\n"
         "model.compile(optimizer=keras.optimizers.Adam(1e-3),\n"
         "              loss=\"sparse_categorical_crossentropy\", metrics=[\"accuracy\"])\n"
@@ -138,9 +144,10 @@ ASYNC = [
         "print(\"stale pushes seen, every push applied, lead within the bound, accuracy above 0.75:\", ok)"),
     new_markdown_cell(
         "## Delay compensation under heterogeneity\n\n"
-        "Now one of the three workers is made four times slower (`--simulate \"speed=1,1,0.25\"`: it sleeps "
-        "three times its measured step time after each step), so its gradients arrive stale. Three rules on the "
-        "same engines, data, seed and optimizer (SGD, momentum 0.9):\n\n"
+        "Now one of the three workers is made four times slower (`--simulate \"speed=1,1,0.25; clock=virtual; "
+        "step=5ms\"`: its steps cost four times as much simulated time), so its gradients arrive stale. Three "
+        "rules on the same engines, data, seed and optimizer (SGD, momentum 0.9), and the same order of "
+        "pushes for all three (it depends only on the simulated speeds):\n\n"
         "- `asgd`: the optimizer as compiled. Asynchrony adds momentum of its own, about tau/(tau+1).\n"
         "- `dc-asgd-a`: Zheng et al.'s delay compensation g + lambda_t g*g*(w - w_bak), lambda_t adaptive, "
         "no momentum.\n"
@@ -157,7 +164,7 @@ ASYNC = [
         "compared = {}\n"
         "for rule in (\"asgd\", \"dc-asgd-a\", \"ddc-asgd\"):\n"
         "    get_ipython().run_cell_magic(\"distribute\", f'--strategy {rule} --workers 3 --seed 0 '\n"
-        "                                 '--simulate \"speed=1,1,0.25\"', TRAIN)\n"
+        "                                 '--simulate \"speed=1,1,0.25; clock=virtual; step=5ms\"', TRAIN)\n"
         "    pushes = nbdist.last_run.push_records\n"
         "    slow = [p for p in pushes if p[\"worker\"] == 2]\n"
         "    compared[rule] = {\n"

@@ -83,3 +83,12 @@ def test_adsp_commit_interval_search_climbs_to_the_faster_interval_and_comes_bac
     assert visited[:3] == [4, 8, 16]  # climbs while it improves
     assert visited[3] in (4, 8) and search.best == (3, 2.0)  # back from the worse side; 8 stays the best
     assert [e["from"] for e in search.events] == visited
+
+
+def test_a_floored_worker_on_a_free_link_gets_period_one_not_a_division_by_zero():
+    from nbdist.ashl.allocation import allocate_with_periods
+
+    # worker 1 is so slow it is held at b_min, and nothing is left of the step for an exchange that costs 0
+    profiles = [CostModel(0.001, 1e-5, 0.0), CostModel(0.05, 1e-3, 0.0)]
+    batches, periods = allocate_with_periods(profiles, 128, b_min=16)
+    assert sum(batches) == 128 and batches[1] == 16 and periods == [1, 1]

@@ -14,13 +14,16 @@ def pushes(kernel) -> list[dict]:
                         "'dropped')} for r in nbdist.last_run.push_records]")
 
 
-def test_ddc_asgd_scales_each_push_by_its_measured_delay(kernel, cluster):
+def test_slow_workers_push_stale_gradients_and_ddc_asgd_scales_them_down(kernel, cluster):
     idle_engines(cluster, 4)
     cell = SGD_CELL.format(lr=0.05, batch=32, epochs=1, steps=12, shuffle=True)
-    kernel.run('%%distribute --strategy ddc-asgd --workers 4 --simulate "speed=1,1,0.5,0.25"\n' + cell,
-               timeout=300).check()
+    kernel.run('%%distribute --strategy ddc-asgd --workers 4 --simulate "speed=1,1,0.5,0.25; clock=virtual; step=5ms"\n'
+               + cell, timeout=300).check()
     log = pushes(kernel)
     assert sorted(p["worker"] for p in log) == sorted(list(range(4)) * 12)
+    # on the virtual clock the order is the simulated cluster's: the slow workers' pushes come late
+    assert all(max(p["staleness"] for p in log if p["worker"] == k) >= 3 for k in (2, 3))
+    assert all(min(p["gamma"] for p in log if p["worker"] == k) < 1 for k in (2, 3))
     # whatever order the pushes arrived in, each one's gamma and momentum follow DESIGN.md section 5
     # (amended) from the delays logged before it
     tau_bar = 0.0

@@ -89,7 +89,9 @@ def allocate_with_periods(profiles: list[CostModel], global_batch: int, b_min: i
         # the time this worker's compute leaves for its exchange within the common step (a floored worker: little)
         room = [max(COMM_SHARE * step, step - p.fixed_s - p.per_sample_s * b) if b > b_min else
                 max(step - p.fixed_s - p.per_sample_s * b, p.comm_s / MAX_PERIOD) for p, b in zip(profiles, batches)]
-        wanted = [min(MAX_PERIOD, max(1, math.ceil(p.comm_s / r - 1e-9))) for p, r in zip(profiles, room)]
+        # a worker with no exchange cost (a free link, on the virtual clock) needs no period, whatever its room
+        wanted = [1 if p.comm_s <= 0 else min(MAX_PERIOD, max(1, math.ceil(p.comm_s / max(r, 1e-12) - 1e-9)))
+                  for p, r in zip(profiles, room)]
         if wanted == periods:
             break
         periods = wanted

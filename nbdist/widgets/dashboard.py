@@ -187,14 +187,19 @@ class Dashboard:
     def _header(self, run, now: float) -> str:
         done = run.progress_fraction or 0.0
         self.bar.value = done
-        elapsed = now - (run.started_at or self.started)
-        eta = f"{elapsed * (1 - done) / done:.0f} s" if done > 0.02 else "-"
+        unit = "virtual s" if run.clock == "virtual" else "s"
+        if run.clock == "virtual":  # the latest record's virtual time, not the wall clock
+            latest_t = max((p.get("record") or {}).get("t") or 0 for p in run.progress.values()) if run.progress else 0
+            elapsed = max(0.0, latest_t - (run.started_at or self.started))
+        else:
+            elapsed = now - (run.started_at or self.started)
+        eta = f"{elapsed * (1 - done) / done:.0f} {unit}" if done > 0.02 else "-"
         record = run.latest(0).get("record") or {}
         state = self.control_state
         phase = ("paused" if state.get("paused") else "stopping" if state.get("finishing")
                  else record.get("phase") or "train")
         return (f"<b>run {run.id}</b> · {html.escape(run.strategy)} on {len(run.workers)} worker(s) · phase "
-                f"<b>{phase}</b> · {run.status} · elapsed {elapsed:.0f} s · ETA {eta} · {done:.0%}")
+                f"<b>{phase}</b> · {run.status} · elapsed {elapsed:.0f} {unit} · ETA {eta} · {done:.0%}")
 
     def _node_table(self, run, now: float) -> str:
         rates = {k: self.series[("throughput", k)].y[-1] for k in self.workers
