@@ -44,6 +44,29 @@ def split_validation(x, y, fraction: float, sample_weight=None):
     return train, validation
 
 
+def weighted_owners(n: int, fractions: list[float]) -> "np.ndarray":
+    """Which worker each of `n` items goes to, for shares `fractions`: interleaved through the data (as a strided
+    shard is), worker k taking its share spread evenly, counts by largest remainder so they sum to `n`."""
+    import numpy as np
+
+    exact = [f * n / sum(fractions) for f in fractions]
+    counts = [int(c) for c in exact]
+    for k in sorted(range(len(exact)), key=lambda k: exact[k] - counts[k], reverse=True)[: n - sum(counts)]:
+        counts[k] += 1
+    positions = np.concatenate([(np.arange(c) + 0.5) / c for c in counts if c])
+    workers = np.concatenate([np.full(c, k) for k, c in enumerate(counts) if c])
+    return workers[np.argsort(positions, kind="stable")]
+
+
+def shard_by_fraction(x, y, rank: int, fractions: list[float], sample_weight=None):
+    """Rank `rank`'s share `fractions[rank]` of the samples (`weighted_owners`); (x, y[, sample_weight])."""
+    import numpy as np
+
+    index = np.flatnonzero(weighted_owners(_length(x), fractions) == rank)
+    shard = (_index(x, index), _index(y, index))
+    return shard if sample_weight is None else (*shard, _index(sample_weight, index))
+
+
 def shard_arrays(x, y, rank: int, size: int, sample_weight=None):
     """Rank `rank`'s strided shard: samples rank, rank+size, ... of the first size*floor(n/size).
 
@@ -99,14 +122,20 @@ def is_generator(value) -> bool:
     return inspect.isgenerator(value)
 
 
-def shard_py_dataset(dataset, rank: int, size: int):
-    """Batches rank, rank+size, ... of `dataset`, as a PyDataset with the user's workers / multiprocessing settings.
+def shard_py_dataset(dataset, rank: int, size: int, fractions: list[float] | None = None):
+    """Batches rank, rank+size, ... of `dataset` (or rank's share of `fractions`, interleaved), as a PyDataset
+    with the user's workers / multiprocessing settings.
 
-    Every rank gets floor(len/size) batches, so all make the same number of steps.
+    With equal shares every rank gets floor(len/size) batches, so all make the same number of steps.
     """
     import keras
+    import numpy as np
 
-    batches = len(dataset) // size
+    if fractions is not None:
+        owned = [int(i) for i in np.flatnonzero(weighted_owners(len(dataset), fractions) == rank)]
+    else:
+        owned = list(range(rank, (len(dataset) // size) * size, size))
+    batches = len(owned)
     if batches == 0:
         raise OptionError(f"the PyDataset has {len(dataset)} batches, fewer than the {size} workers; use fewer "
                           "--workers or smaller batches.")
@@ -121,7 +150,7 @@ def shard_py_dataset(dataset, rank: int, size: int):
             return batches
 
         def __getitem__(self, index):
-            return dataset[index * size + rank]
+            return dataset[owned[index]]
 
         def on_epoch_begin(self):
             dataset.on_epoch_begin()
@@ -137,12 +166,14 @@ def shard_generator(generator, rank: int, size: int):
     return itertools.islice(generator, rank, None, size)
 
 
-def shard_fit_data(request, rank: int, size: int, synchronous: bool = False) -> dict:
+def shard_fit_data(request, rank: int, size: int, synchronous: bool = False,
+                   fractions: list[float] | None = None) -> dict:
     """The `fit` arguments for one worker: x, y, sample_weight, validation_data and steps_per_epoch of its shard.
 
     `validation_split` is taken before sharding (Keras' own split, sample weights with it);
     the validation data is sharded like the training data. `synchronous`: every rank must
     make the same number of steps (Horovod), so a generator needs steps_per_epoch.
+    `fractions`: unequal shares (`--shards speed`), for arrays and PyDatasets.
     """
     from .keras_bridge import is_dataset
 
@@ -154,30 +185,38 @@ def shard_fit_data(request, rank: int, size: int, synchronous: bool = False) -> 
                               "a PyDataset or a generator.")
         train, validation = split_validation(x, y, request.validation_split, weights)
         x, y, weights = (*train, None)[:3]
+    if fractions is not None and (is_dataset(x) or is_generator(x)):
+        raise OptionError("--shards speed shares numpy arrays and PyDatasets by speed; a tf.data.Dataset or a "
+                          "generator is shared equally: use --shards equal, or pass arrays or a PyDataset.")
     if is_dataset(x):
         x, steps = shard_dataset(x, rank, size, steps)
     elif is_py_dataset(x):
-        x = shard_py_dataset(x, rank, size)
+        x = shard_py_dataset(x, rank, size, fractions)
     elif is_generator(x):
         if synchronous and steps is None:
             raise OptionError("a Python generator under a synchronous strategy needs steps_per_epoch, so every "
                               "rank makes the same number of steps; give fit steps_per_epoch=N, or pass a "
                               "keras.utils.PyDataset (it has a length).")
         x = shard_generator(x, rank, size)
+    elif fractions is not None:
+        x, y, weights = (*shard_by_fraction(x, y, rank, fractions, weights), None)[:3]
     else:
         x, y, weights = (*shard_arrays(x, y, rank, size, weights), None)[:3]
     if validation is not None:
-        validation = shard_validation(validation, rank, size)
+        validation = shard_validation(validation, rank, size, fractions)
     return {"x": x, "y": y, "sample_weight": weights, "validation_data": validation, "validation_split": 0.0,
             "steps_per_epoch": steps}
 
 
-def shard_validation(validation, rank: int, size: int):
+def shard_validation(validation, rank: int, size: int, fractions: list[float] | None = None):
     """Rank `rank`'s part of `validation_data` (arrays with optional weights, a Dataset or a PyDataset)."""
     from .keras_bridge import is_dataset
 
     if is_dataset(validation):
         return shard_dataset(validation, rank, size, None)[0]
     if is_py_dataset(validation):
-        return shard_py_dataset(validation, rank, size)
-    return shard_arrays(validation[0], validation[1], rank, size, validation[2] if len(validation) > 2 else None)
+        return shard_py_dataset(validation, rank, size, fractions)
+    weights = validation[2] if len(validation) > 2 else None
+    if fractions is not None:
+        return shard_by_fraction(validation[0], validation[1], rank, fractions, weights)
+    return shard_arrays(validation[0], validation[1], rank, size, weights)

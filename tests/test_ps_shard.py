@@ -261,3 +261,12 @@ def test_a_nan_gradient_is_skipped_by_the_worker_and_repeated_ones_stop_it():
         with PsClient(address, KEY, "controller", heartbeat=False) as controller:
             controller.request("stop")
         launcher.stop_shard(info["pid"])
+
+
+def test_epoch_logs_are_averaged_by_each_workers_share_of_the_data():
+    shard = ready_shard()
+    assert shard.handle(b"w0", message("epoch", worker=0, epoch=0, logs={"loss": 1.0}, share=2.0)) == []  # held
+    replies = shard.handle(b"w1", message("epoch", worker=1, epoch=0, logs={"loss": 4.0}, share=1.0))
+    assert {ident: fields["logs"] for ident, _, _, fields in replies} == {b"w0": {"loss": 2.0}, b"w1": {"loss": 2.0}}
+    with pytest.raises(wire.Rejected, match="share is a positive number"):
+        shard.handle(b"w0", message("epoch", worker=0, epoch=1, logs={"loss": 1.0}, share=0))

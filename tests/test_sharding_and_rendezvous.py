@@ -99,3 +99,13 @@ def test_an_unresolvable_host_name_is_refused_before_horovod_crashes_on_it():
     require_resolvable("localhost")
     with pytest.raises(ClusterError, match="does not resolve here.*DNS or /etc/hosts"):
         require_resolvable("no-such-host.invalid")
+
+
+def test_speed_shares_are_interleaved_and_cover_every_sample_once():
+    from nbdist.sharding import shard_by_fraction, weighted_owners
+
+    owners = weighted_owners(10, [2.0, 1.0, 2.0])  # shares 4, 2, 4 of ten samples, spread through them
+    assert owners.tolist() == [0, 2, 1, 0, 2, 0, 2, 1, 0, 2]
+    x = np.arange(100)
+    parts = [shard_by_fraction(x, x, rank, [1.0, 1.0, 0.2, 0.1])[0] for rank in range(4)]
+    assert [len(p) for p in parts] == [44, 43, 9, 4] and sorted(np.concatenate(parts).tolist()) == list(range(100))

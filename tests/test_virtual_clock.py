@@ -73,3 +73,18 @@ def test_the_start_barrier_holds_first_pushes_until_every_worker_has_stepped(ker
     # first one would come 3 s of the other's steps later; held, both first pushes are at most N - 1 stale
     assert all(e["staleness"] <= 1 for e in first.values()), first
     assert sorted(log.index(e) for e in first.values()) == [0, 1]
+
+
+def test_speed_shards_give_each_worker_data_in_proportion_to_its_speed(kernel):
+    kernel.run('%%distribute --strategy nfdt --workers 2 --shards speed --simulate "speed=1,0.5; clock=virtual; '
+               'step=10ms"\nmodel = vmlp()\nmodel.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")\n'
+               'history = model.fit(vx[:192], vy[:192], batch_size=32, epochs=1)', timeout=240).check()
+    log = push_log(kernel)
+    # 192 samples shared 2:1 are 4 and 2 batches of 32; at 10 and 20 ms a step both end at 40 ms
+    assert [sum(e["worker"] == w for e in log) for w in (0, 1)] == [4, 2]
+    assert [round(max(e["t"] for e in log if e["worker"] == w) * 1000) for w in (0, 1)] == [40, 40]
+
+
+def test_speed_shards_without_differing_speeds_say_what_to_add(kernel):
+    reply = kernel.run("%%distribute --strategy nfdt --workers 2 --shards speed\nmodel = vmlp()", timeout=60)
+    assert "--shards speed splits the data by the --simulate speeds" in reply.error_text

@@ -118,6 +118,7 @@ class Shard:
         self.waiting: list[tuple[bytes, wire.Message]] = []  # held requests, in arrival order
         self.epoch_logs: dict[int, dict[int, dict]] = {}  # epoch -> worker -> its epoch-end logs
         self.epoch_vts: dict[int, dict[int, float]] = {}  # ... and when it reached the epoch's end (virtual)
+        self.epoch_shares: dict[int, float] = {}  # worker -> its share of the data, the weight of its logs
         self.at_barrier: set[int] = set()  # workers waiting for the others' epoch-end logs
         self.stopping = False  # told to exit
         self.finalized = False  # the end-of-fit finalisation (EMA) was done
@@ -305,20 +306,26 @@ class Shard:
         if not isinstance(epoch, int) or not isinstance(logs, dict) or \
                 not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in logs.values()):
             raise wire.Rejected("malformed", "an epoch message carries an int epoch and numeric logs")
+        share = header.get("share", 1.0)
+        if not isinstance(share, (int, float)) or isinstance(share, bool) or not share > 0:
+            raise wire.Rejected("malformed", "an epoch message's share is a positive number")
         self.epoch_logs.setdefault(epoch, {})[worker] = logs
+        self.epoch_shares[worker] = float(share)
         if isinstance(header.get("vt"), (int, float)):
             self.epoch_vts.setdefault(epoch, {})[worker] = float(header["vt"])
         self.at_barrier.add(worker)
 
     def _agreed_epoch(self, worker: int, epoch: int) -> dict | None:
-        """The reply fields (the mean of every worker's logs for `epoch`) once every live worker has posted them."""
+        """The reply fields (the mean of every worker's logs for `epoch`, weighted by the workers' shares of the
+        data) once every live worker has posted them."""
         posted = self.epoch_logs.get(epoch, {})
         if any(k not in posted for k in self.live()):
             return None
         self.at_barrier.discard(worker)
         keys = sorted({k for logs in posted.values() for k in logs})
-        mean = {k: sum(logs[k] for logs in posted.values() if k in logs) / sum(k in logs for logs in posted.values())
-                for k in keys}
+        share = self.epoch_shares
+        mean = {k: sum(share[w] * logs[k] for w, logs in posted.items() if k in logs)
+                / sum(share[w] for w, logs in posted.items() if k in logs) for k in keys}
         for old in [e for e in self.epoch_logs if e < epoch - 1]:
             del self.epoch_logs[old]
             self.epoch_vts.pop(old, None)

@@ -84,7 +84,7 @@ class SsgdStrategy(PsStrategy):
 
     name = "ssgd"
     summary = "synchronous SGD on the parameter server: one batch-weighted mean gradient per round"
-    reads = tuple(o for o in (*opt.PARAMETER_SERVER, opt.MOMENTUM) if o is not opt.MAX_STALENESS)
+    reads = tuple(o for o in (*opt.PARAMETER_SERVER, opt.MOMENTUM) if o not in (opt.MAX_STALENESS, opt.DATA_SHARDS))
     reports = Reports(panels=("loss", "throughput"), controls=("pause", "resume", "stop", "lr_scale", "evict"))
 
     def shard_settings(self, workers: int) -> dict:

@@ -130,7 +130,8 @@ class AshlStrategy(DdcAsgdStrategy):
     preset = "ddc-asgd"
     summary = ("heterogeneous clusters: profile, batches sized to each worker's speed, async (ddc-asgd) then "
                "sync phase, compression when communication dominates")
-    reads = tuple(o for o in (*opt.PARAMETER_SERVER, opt.MOMENTUM, *DDC_OPTIONS) if o is not opt.MAX_STALENESS)
+    reads = tuple(o for o in (*opt.PARAMETER_SERVER, opt.MOMENTUM, *DDC_OPTIONS)
+                  if o not in (opt.MAX_STALENESS, opt.DATA_SHARDS))  # ASHL sizes each worker's share itself
     reports = Reports(panels=(*DELAY_REPORTS.panels, "decisions"), phases=("profile", "ahl", "shl"),
                       controls=("pause", "resume", "stop", "lr_scale", "evict", "switch_phase"))
     worker_class = AshlWorker

@@ -30,5 +30,8 @@ MOMENTUM = Option("--momentum", "the momentum mu the PS uses instead of the cell
                   "comparisons; the delay rules' mu, default the optimizer's or 0.9)", type=float, metavar="MU")
 LAM0 = Option("--lam0", "adaptive compensation: lambda_t = lam0/sqrt(MS_k + 1e-7) (default 2)", type=float,
               metavar="LAMBDA0")
+DATA_SHARDS = Option("--shards", "how the data is split over the workers: equal (the default) or speed (each "
+                     "worker's share in proportion to its --simulate speed, so a slow worker does not train alone "
+                     "at the end of every epoch)", default="equal", choices=("equal", "speed"))
 
-PARAMETER_SERVER = (PS_SHARDS, PS_ON, MAX_STALENESS, CHECKPOINT_EVERY, CHECKPOINT_DIR, RESUME, SIMULATE)
+PARAMETER_SERVER = (PS_SHARDS, PS_ON, MAX_STALENESS, CHECKPOINT_EVERY, CHECKPOINT_DIR, RESUME, SIMULATE, DATA_SHARDS)

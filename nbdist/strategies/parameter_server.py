@@ -68,7 +68,8 @@ class PsWorker(Worker):
             with apply_gradients_restored(model):
                 own = self.connect(exchange, model, variables)
                 follow = [follow_learning_rate(client, optimizer)] if self.rank == 0 and self.uses_ps_optimizer else []
-                callbacks = [epoch_agreement(client, exchange), *user, *follow, *own, stop_when_asked(exchange)]
+                share = (self.config.get("fractions") or [1.0] * self.size)[self.rank]
+                callbacks = [epoch_agreement(client, exchange, share), *user, *follow, *own, stop_when_asked(exchange)]
                 history = self.train(request, exchange, data, callbacks)
                 for callback in own:
                     getattr(callback, "finish", lambda: None)()
@@ -107,7 +108,7 @@ class PsWorker(Worker):
 
     def fit_data(self, request) -> dict:
         """The `fit` arguments of this worker's share of the data (default: an equal strided shard)."""
-        return shard_fit_data(request, self.rank, self.size)
+        return shard_fit_data(request, self.rank, self.size, fractions=self.config.get("fractions"))
 
     def reporter_clock(self, exchange: PushPull):
         """What the worker's records call the time: wall time, or the run's start plus virtual seconds."""
@@ -128,6 +129,17 @@ class PsWorker(Worker):
         model.optimizer.apply_gradients = pushed(exchange, variables)
         model.jit_compile = False  # XLA cannot compile a numpy_function
         return []
+
+
+def data_fractions(shards: str, simulate: str | None, profiles: list[Profile]) -> list[float] | None:
+    """Each worker's share of the data for `--shards` (None: equal strided shards)."""
+    if shards != "speed":
+        return None
+    if not simulate or all(p.speed == profiles[0].speed for p in profiles):
+        raise OptionError("--shards speed splits the data by the --simulate speeds, and this run gives none that "
+                          "differ; add --simulate 'speed=1,0.5,...', or use --strategy ashl, which measures "
+                          "each worker's real speed and sizes its batches by it.")
+    return [p.speed for p in profiles]
 
 
 def _init_shards(client, model, spec, plan, names, step: dict | None = None) -> None:
@@ -201,6 +213,7 @@ class PsStrategy(Strategy):
 
     def prepare(self, run, cluster) -> dict:
         profiles = parse_simulate(self.value("simulate"), len(run.workers))
+        fractions = data_fractions(self.value("shards"), self.value("simulate"), profiles)
         resume = self._checkpoint_to_resume()
         self.cluster = cluster
         settings = self.shard_settings(len(run.workers))
@@ -216,7 +229,7 @@ class PsStrategy(Strategy):
             run.events.append({"t": time.time(), "event": "resumed", "path": resume["path"],
                                "version": resume.get("version")})
         clock, step = parse_clock(self.value("simulate"))
-        return {"shards": self.service.addresses, "key": self.service.key.hex(),
+        return {"fractions": fractions,"shards": self.service.addresses, "key": self.service.key.hex(),
                 "rule": (settings["rule"] or {}).get("preset"),
                 "simulate": [p.to_json() for p in profiles],
                 "virtual": {"step": step.to_json() if step else None} if clock == "virtual" else None}

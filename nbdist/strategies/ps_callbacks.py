@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def epoch_agreement(client, exchange):
-    """The workers' epoch-end logs averaged on the PS (shard 0 waits for every live worker), so History
+def epoch_agreement(client, exchange, share: float = 1.0):
+    """The workers' epoch-end logs averaged on the PS (shard 0 waits for every live worker; each weighs by
+    its `share` of the data), so History
     and the cell's callbacks see the same numbers on every worker, as under hfdt, and an EarlyStopping
     or ReduceLROnPlateau decides the same on all of them."""
     import keras
@@ -16,7 +17,8 @@ def epoch_agreement(client, exchange):
             if logs is None:
                 return
             numbers = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float, np.floating))}
-            reply = client.request("epoch", only=0, epoch=int(epoch), logs=numbers, **exchange.clock_fields())[0]
+            reply = client.request("epoch", only=0, epoch=int(epoch), logs=numbers, share=share,
+                                   **exchange.clock_fields())[0]
             logs.update(reply.header.get("logs") or {})
             if exchange.virtual is not None and isinstance(reply.header.get("vt"), (int, float)):
                 exchange.virtual.now = max(exchange.virtual.now, reply.header["vt"])  # the barrier's release
