@@ -10,7 +10,6 @@ from tests.support import eventually, idle_engines
 pytestmark = pytest.mark.cluster
 
 SPEEDS = (1, 1, 0.5, 0.25)
-B0 = 64
 # enough compute per step (~10 ms at b0 on one core) that profiling measures the model, not timer noise:
 # the experiments' CNN, under its own name beside the suite's smaller `build`
 HEAVIER = MODELS["cnn"].replace("def build():", "def build_heavier():")
@@ -28,44 +27,61 @@ def heavier(kernel):
     return kernel
 
 
-@pytest.fixture(scope="module")
-def ashl_run(heavier, cluster):
-    """One 4-worker ASHL run under simulated speeds 1, 1, 0.5, 0.25; its events and push log."""
-    kernel = heavier
-    idle_engines(cluster, 4)
+VIRTUAL = "clock=virtual; step=1ms+50us/sample"
+
+
+def ashl_on_the_virtual_clock(kernel, epochs=10) -> dict:
+    """One 4-worker ASHL run under speeds 1, 1, 0.5, 0.25 on the virtual clock; its events and push log."""
     speeds = ",".join(map(str, SPEEDS))
-    reply = kernel.run(f'%%distribute --strategy ashl --workers 4 --seed 3 --simulate "speed={speeds}"\n'
-                       + CELL.format(epochs=10), timeout=400)  # SHL gets the last 3-4 epochs
+    reply = kernel.run(f'%%distribute --strategy ashl --workers 4 --seed 3 --simulate "speed={speeds}; {VIRTUAL}"\n'
+                       + CELL.format(epochs=epochs), timeout=400)
     reply.check()
     return {"stdout": reply.stdout,
-            "events": kernel.value("nbdist.last_run.events"),
+            "events": kernel.value("[{k: v for k, v in e.items() if k != 't'} for e in nbdist.last_run.events]"),
             "history": kernel.value("nbdist.last_run.history"),
-            "pushes": kernel.value("[(r['worker'], r['staleness'], r['t']) for r in nbdist.last_run.push_records]")}
+            "pushes": kernel.value("[(r['worker'], r['step'], r['version'], r['staleness'], "
+                                   "round(r['t'] - nbdist.last_run.started_at, 6)) for r in nbdist.last_run.push_records]")}
 
 
-def test_profiled_speeds_follow_the_simulated_ones_and_batches_follow_them(ashl_run):
+@pytest.fixture(scope="module")
+def ashl_run(heavier, cluster):
+    idle_engines(cluster, 4)
+    return ashl_on_the_virtual_clock(heavier)
+
+
+def test_the_virtual_profile_is_the_simulated_speeds_and_batches_equalise_step_time(ashl_run):
     allocated = [e for e in ashl_run["events"] if e["event"] == "allocated"]
     assert len(allocated) == 1
     rows = allocated[0]["profile"]
-    # speed = samples per second at the larger profiling batch, relative to the fastest worker
-    per_sample = [r["per_sample_s"] + r["fixed_s"] / (2 * B0) for r in rows]
-    measured = [min(per_sample) / t for t in per_sample]
-    expected = [s / max(SPEEDS) for s in SPEEDS]
-    assert all(abs(m - e) <= 0.2 * e for m, e in zip(measured, expected)), (measured, expected)
-    batches = allocated[0]["batches"]
-    assert sum(batches) == 4 * B0
-    assert batches[0] > batches[2] > batches[3] and abs(batches[0] - batches[1]) <= 0.25 * batches[0], batches
+    # the step cost 1 ms + 50 us per sample, over each speed, exactly
+    assert [v for r in rows for v in (r["fixed_s"], r["per_sample_s"])] == pytest.approx(
+        [v for s in SPEEDS for v in (1e-3 / s, 50e-6 / s)], rel=1e-9)
+    # 1/s (1 ms + 50 us b) = T with sum b = 256: T = 16.8 ms / 2.75, b = (T s - 1 ms) / 50 us
+    # = 102.18, 102.18, 41.09, 10.55 -> largest remainder 102, 102, 41, 11
+    assert allocated[0]["batches"] == [102, 102, 41, 11]
     assert "profile" in ashl_run["stdout"] and "batch" in ashl_run["stdout"]  # the table is shown
 
 
-def test_ahl_then_shl_with_the_reason_and_the_model_learns(ashl_run):
+def test_ahl_then_shl_at_an_epoch_end_and_the_model_learns(ashl_run):
     switches = [e for e in ashl_run["events"] if e["event"] == "switch_phase"]
-    assert len(switches) == 1 and switches[0]["reason"]
-    assert any(s > 0 for _, s, _ in ashl_run["pushes"])  # AHL: asynchronous, stale pushes
-    after = [s for _, s, t in ashl_run["pushes"] if t > switches[0]["t"]]  # acknowledged by then
-    assert after and set(after) == {0}  # SHL: synchronous rounds
+    assert len(switches) == 1 and switches[0]["reason"] and 2 <= switches[0]["epoch"] < 10
+    pushes = ashl_run["pushes"]
+    steps_per_epoch = 2000 // 256  # every worker makes the same steps: its share of each global batch
+    before = [s for w, step, _, s, _ in pushes if step <= switches[0]["epoch"] * steps_per_epoch]
+    after = [s for w, step, _, s, _ in pushes if step > switches[0]["epoch"] * steps_per_epoch]
+    assert any(s > 0 for s in before)  # AHL: asynchronous, stale pushes
+    assert after and set(after) == {0}  # SHL: synchronous rounds from the next epoch's first push
     losses = ashl_run["history"]["loss"]
     assert losses[-1] < losses[0] and ashl_run["history"]["val_accuracy"][-1] > 0.5, ashl_run["history"]
+
+
+def test_the_same_ashl_run_on_the_virtual_clock_decides_and_pushes_the_same(heavier, cluster, ashl_run):
+    idle_engines(cluster, 4)
+    again = ashl_on_the_virtual_clock(heavier)
+    assert again["pushes"] == ashl_run["pushes"]
+    assert again["history"]["loss"] == pytest.approx(ashl_run["history"]["loss"], abs=1e-6)
+    assert [e for e in again["events"] if e["event"] in ("allocated", "switch_phase")] == \
+        [e for e in ashl_run["events"] if e["event"] in ("allocated", "switch_phase")]
 
 
 def test_the_dashboard_switches_phase_by_hand(heavier, cluster):

@@ -3,8 +3,10 @@
 Called from the run's wait loop (`AshlStrategy.check`) with the PS's telemetry and the
 workers' latest progress. It allocates once every live worker has posted its profile,
 re-allocates when a worker's measured step time drifts from the allocation's prediction,
-and applies the AHL -> SHL switch rule every half epoch. Actions go to the shards as
-`allocate` / `switch_phase` controls; each decision is appended to `run.events`.
+and applies the AHL -> SHL switch rule every half epoch (on the virtual clock: at every epoch's
+end, on the epoch's agreed logs, while the workers wait at the epoch barrier, so the decision
+and the instant it takes effect are the same every run). Actions go to the shards as
+`allocate` / `switch_phase` / `epoch_decided` controls; each decision is appended to `run.events`.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ MIN_TIMED_STEPS = 8  # an epoch report with fewer measured steps says too little
 class Coordinator:
     """One run's ASHL decisions. `control(action, value)` reaches every shard."""
 
-    def __init__(self, workers: int, control):
-        self.workers, self.control = workers, control
+    def __init__(self, workers: int, control, virtual: bool = False):
+        self.workers, self.control, self.virtual = workers, control, virtual
         self.models: list[CostModel] | None = None
         self.batches: list[int] | None = None
         self.periods: list[int] | None = None
@@ -51,6 +53,9 @@ class Coordinator:
         if self.batches is None:
             if live and all(rank in profiles for rank in live):
                 self._allocate_first(run, profiles)
+            return
+        if self.virtual:  # the cost model is exact: nothing drifts; the switch is decided at epoch ends
+            self._decide_epoch_ends(run, coordination.get("epoch_ends") or {}, profiles)
             return
         self._reallocate_on_drift(run, {int(k): v for k, v in (coordination.get("reports") or {}).items()}, live)
         if self.phase == "ahl":
@@ -153,12 +158,29 @@ class Coordinator:
         if reason:
             self.switch(run, reason)
 
-    def switch(self, run, reason: str) -> list[dict]:
-        """AHL -> SHL now (the rule said so, or the dashboard's button); the shards' acknowledgements."""
+    def _decide_epoch_ends(self, run, epoch_ends: dict, profiles: dict[int, dict]) -> None:
+        """The virtual clock: the switch rule at each epoch end the shard holds, then the barrier's release."""
+        for epoch, end in sorted((int(e), v) for e, v in epoch_ends.items()):
+            if self.phase == "ahl":
+                logs = end["logs"]
+                lr = logs.get("learning_rate")
+                if self.initial_lr is None and lr:
+                    self.initial_lr = lr
+                epochs = max(int(p.get("epochs") or 1) for p in profiles.values())
+                check = Check(epoch=epoch + 1, epochs=epochs, loss=logs.get("loss", float("nan")),
+                              gammas=end["gammas"], lr_decayed=bool(lr and lr < 0.999 * self.initial_lr))
+                reason = self.rule.check(check)
+                if reason:
+                    self.switch(run, reason, epoch=epoch + 1)
+            self.control("epoch_decided", epoch)
+
+    def switch(self, run, reason: str, **extra) -> list[dict]:
+        """AHL -> SHL now (the rule said so, or the dashboard's button); the shards' acknowledgements.
+        `extra`: more fields for the event (`epoch`: the epoch end it took effect at, virtual clock)."""
         acks = self.control("switch_phase", None)
         if self.phase != "shl":
             self.phase = "shl"
-            run.events.append({"t": time.time(), "event": "switch_phase", "to": "shl", "reason": reason})
+            run.events.append({"t": time.time(), "event": "switch_phase", "to": "shl", "reason": reason, **extra})
         return acks
 
 

@@ -4,7 +4,9 @@ Workers profile in turn (those sharing a host one after another, once all of the
 traced their model, so they do not time each other), post their profiles and wait for the
 allocation the kernel computes from them; about once a second they report their measured
 step times and read the allocation then in force. Every decision is the kernel's
-(`nbdist.ashl.coordinator`), sent as `allocate` and `switch_phase` controls. On pushes:
+(`nbdist.ashl.coordinator`), sent as `allocate` and `switch_phase` controls. On the virtual
+clock the switch is decided at epoch ends: the epoch barrier waits for the kernel's
+`epoch_decided`, so the switch takes effect at the same virtual instant every run. On pushes:
 AHL scales each by its samples over the mean batch; SHL's rounds wait only for the workers
 that push every step; once those have finished their fit, the others end theirs.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from ..ps.shard import ShardExtension
+from ..ps.shard import LOG_FIELDS, ShardExtension
 
 SPEC = "nbdist.ashl.meeting:AshlMeeting"  # how a shard's config names this extension
 
@@ -23,15 +25,20 @@ class AshlMeeting(ShardExtension):
 
     kinds = ("report",)
     held_kinds = ("turn", "profile")
-    controls = ("allocate", "switch_phase")
+    controls = ("allocate", "switch_phase", "epoch_decided")
 
     def __init__(self, config: dict):
         # the workers of each host, in the order they time their steps
         self.group_of = {w: [int(v) for v in group] for group in config.get("profile_groups", []) for w in group}
         self.ready_to_time: set[int] = set()  # asked for their turn: their tracing is over
         self.profiles: dict[int, dict] = {}
+        self.profiled_at: dict[int, float] = {}  # worker -> virtual time its profile was posted
         self.reports: dict[int, dict] = {}
         self.allocation: dict | None = None  # {"id", "batches", "periods", "fractions", "reason"}
+        self.decide_at_epochs = bool(config.get("decide_at_epochs"))  # the virtual clock: see the docstring
+        self.epoch_ends: dict[int, dict] = {}  # epoch -> its agreed logs and stale share, awaiting a decision
+        self.decided: set[int] = set()
+        self.log_seen = 0  # push-log entries counted into an epoch's stale share
 
     # -- messages --------------------------------------------------------------------------
     def handle(self, shard, worker: int, message) -> dict | None:
@@ -42,6 +49,8 @@ class AshlMeeting(ShardExtension):
             raise ValueError(f"a {message.kind} is a JSON object")
         elif message.kind == "profile":
             self.profiles[worker] = {**payload, "t": time.time()}
+            if isinstance(message.header.get("vt"), (int, float)):
+                self.profiled_at[worker] = float(message.header["vt"])
         else:  # report
             self.reports[worker] = {**payload, "t": time.time()}
             return {"allocation": self.allocation, **self.reply_fields(shard)}
@@ -50,7 +59,11 @@ class AshlMeeting(ShardExtension):
     def ready(self, shard, worker: int, message) -> dict | None:
         if message.kind == "turn":
             return {} if self._turn_ready(worker, shard.live()) else None
-        return {"allocation": self.allocation, **self.reply_fields(shard)} if self.allocation else None
+        if not self.allocation:
+            return None
+        # on the virtual clock every worker starts training when the last profile was posted
+        start = {"vt": max(self.profiled_at.values())} if self.profiled_at else {}
+        return {"allocation": self.allocation, **self.reply_fields(shard), **start}
 
     def _turn_ready(self, worker: int, live: list[int]) -> bool:
         """Every worker of its host has traced, and those before it have posted their profiles."""
@@ -59,10 +72,27 @@ class AshlMeeting(ShardExtension):
         return all(w in self.ready_to_time or w not in live for w in group) and \
             all(w in self.profiles or w not in live for w in before)
 
+    def epoch_closes(self, shard, epoch: int, logs: dict) -> bool:
+        """On the virtual clock, in AHL: once the kernel has decided on the switch at this epoch's end."""
+        if not self.decide_at_epochs or shard.synchronous or epoch in self.decided:
+            return True
+        if epoch not in self.epoch_ends:
+            gammas = [entry[LOG_FIELDS.index("gamma")] for entry in shard.log[self.log_seen:]]
+            gammas = [g for g in gammas if g is not None]
+            self.log_seen = len(shard.log)
+            self.epoch_ends[epoch] = {"logs": logs, "gammas": gammas}
+        return False
+
     # -- controls --------------------------------------------------------------------------
     def control(self, shard, action: str, value) -> None:
         if action == "switch_phase":
             shard.become_synchronous()
+            return
+        if action == "epoch_decided":
+            if not isinstance(value, int):
+                raise ValueError(f"epoch_decided names an epoch, not {value!r}")
+            self.decided.add(value)
+            self.epoch_ends.pop(value, None)
             return
         batches = value.get("batches") if isinstance(value, dict) else None
         if not isinstance(batches, list) or not all(isinstance(b, int) and b > 0 for b in batches):
@@ -111,4 +141,5 @@ class AshlMeeting(ShardExtension):
         return {"phase": "shl" if shard.synchronous else "ahl"}
 
     def summary(self) -> dict:
-        return {"profiles": self.profiles, "reports": self.reports, "allocation": self.allocation}
+        return {"profiles": self.profiles, "reports": self.reports, "allocation": self.allocation,
+                "epoch_ends": self.epoch_ends}

@@ -68,6 +68,10 @@ class ShardExtension:
     def on_done(self, shard) -> None:
         """A worker ended its fit."""
 
+    def epoch_closes(self, shard, epoch: int, logs: dict) -> bool:
+        """Whether the epoch barrier may release now (every live worker posted `logs`, their mean)."""
+        return True
+
     def reply_fields(self, shard) -> dict:
         """Fields every weights reply to a worker carries."""
         return {}
@@ -295,7 +299,9 @@ class Shard:
         """Rounds from now on (ASHL's SHL phase), applied by the cell's own optimizer."""
         if self.synchronous:
             return
-        self.policy = SynchronousRounds()
+        previous, self.policy = self.policy, policy_for(None, True, self.clock)
+        if hasattr(previous, "times"):  # the virtual clock: the workers' clocks carry on into the rounds
+            self.policy.times = previous.times
         if self.initialised:
             self.updater = make_updater(None, self.spec, self.variables, {}, getattr(self.updater, "iterations", 0),
                                         self.optimizer_backend)
@@ -321,11 +327,13 @@ class Shard:
         posted = self.epoch_logs.get(epoch, {})
         if any(k not in posted for k in self.live()):
             return None
-        self.at_barrier.discard(worker)
         keys = sorted({k for logs in posted.values() for k in logs})
         share = self.epoch_shares
         mean = {k: sum(share[w] * logs[k] for w, logs in posted.items() if k in logs)
                 / sum(share[w] for w, logs in posted.items() if k in logs) for k in keys}
+        if self.extension is not None and not self.extension.epoch_closes(self, epoch, mean):
+            return None
+        self.at_barrier.discard(worker)
         for old in [e for e in self.epoch_logs if e < epoch - 1]:
             del self.epoch_logs[old]
             self.epoch_vts.pop(old, None)

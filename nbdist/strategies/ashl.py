@@ -23,6 +23,8 @@ from ..ashl.batches import ProportionalBatches
 from ..ashl.coordinator import Coordinator
 from ..ashl.exchange import PacedExchange
 from ..ashl.meeting import SPEC as MEETING
+from ..ashl.allocation import CostModel
+from ..ashl.profiling import STEPS as PROFILE_STEPS
 from ..ashl.profiling import profile_compute
 from ..ashl.report import decisions, profile_table
 from ..errors import OptionError
@@ -64,32 +66,54 @@ class AshlWorker(PsWorker):
     def train(self, request, exchange: PacedExchange, data: dict, callbacks: list):
         x, y = np.asarray(data["x"]), np.asarray(data["y"])
         b0 = request.samples_per_step
-        allocation = self._profile_and_wait(exchange, request.model, x, y, b0)
+        allocation = self._profile_and_wait(exchange, request.model, x, y, b0, request.epochs or 1)
         weights = None if data["sample_weight"] is None else np.asarray(data["sample_weight"])
         batches = ProportionalBatches(x, y, self.rank, allocation["batches"], seed=self.spec.get("seed") or 0,
                                       sample_weight=weights)
         _follow(exchange, batches, allocation, self.rank)
         exchange.compressor = PushCompressor()
         exchange.phase = "ahl"
-        exchange.after_exchange = StepReports(exchange, batches, allocation)
-        reporter = self.make_reporter(lambda: batches.size, extra=exchange.metrics)
+        if exchange.virtual is None:  # on the virtual clock the cost model is exact: nothing to report
+            exchange.after_exchange = StepReports(exchange, batches, allocation)
+        reporter = self.make_reporter(lambda: batches.size, extra=exchange.metrics,
+                                      clock=self.reporter_clock(exchange))
         return request.run_plain(x=batches.dataset, y=None, batch_size=None, sample_weight=None,
                                  callbacks=[*callbacks, reporter], verbose=0,
                                  **{k: v for k, v in data.items() if k not in ("x", "y", "sample_weight")})
 
-    def _profile_and_wait(self, exchange: PacedExchange, model, x, y, b0: int) -> dict:
-        simulated = Profile(**self.simulated) if self.simulated else None
-        # workers on one host time their steps one after another (tracing, before, needs no turn)
-        compute = profile_compute(model, x, y, b0, simulated, before_timing=lambda: exchange.client.request("turn"))
+    def _profile_and_wait(self, exchange: PacedExchange, model, x, y, b0: int, epochs: int) -> dict:
         exchange.shapes = {n: (tuple(v.shape), str(v.dtype)) for n, v in zip(exchange.names, model.trainable_variables)}
-        probes = [exchange.probe() for _ in range(PROBES)]
-        comm_s = float(np.median([s for s, _ in probes]))
+        if exchange.virtual is not None:
+            compute, comm_s, moved = virtual_profile(exchange, b0)
+        else:
+            simulated = Profile(**self.simulated) if self.simulated else None
+            # workers on one host time their steps one after another (tracing, before, needs no turn)
+            compute = profile_compute(model, x, y, b0, simulated,
+                                      before_timing=lambda: exchange.client.request("turn"))
+            probes = [exchange.probe() for _ in range(PROBES)]
+            comm_s, moved = float(np.median([s for s, _ in probes])), probes[-1][1]
         profile = {"fixed_s": compute.fixed_s, "per_sample_s": compute.per_sample_s, "comm_s": comm_s,
-                   "bandwidth_bps": 8 * probes[-1][1] / comm_s if comm_s > 0 else None, "b0": b0,
+                   "bandwidth_bps": 8 * moved / comm_s if comm_s > 0 else None, "b0": b0, "epochs": epochs,
                    "host": socket.gethostname()}
-        reply = exchange.client.request("profile", profile=profile)  # held until the kernel has allocated
+        # held until the kernel has allocated
+        reply = exchange.client.request("profile", profile=profile, **exchange.clock_fields())
         exchange.waited()  # the waiting was not compute
+        if exchange.virtual is not None:
+            exchange.virtual.now = max(exchange.virtual.now, reply[0].header.get("vt") or 0.0)
         return reply[0].header["allocation"]
+
+
+def virtual_profile(exchange: PacedExchange, b0: int):
+    """The virtual clock's profile, exact: the run's step cost over this worker's speed, a push-sized round
+    trip over its link; the worker's clock advances by what profiling would take (PROFILE_STEPS steps at
+    b0 and at 2 x b0, PROBES round trips). Returns (compute CostModel, comm_s, bytes moved)."""
+    virtual = exchange.virtual
+    speed = virtual.profile.speed
+    compute = CostModel(virtual.step.fixed_s / speed, virtual.step.per_sample_s / speed)
+    moved = 2 * sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in exchange.shapes.values())
+    comm_s = 2 * virtual.link_s(moved // 2)
+    virtual.now += PROFILE_STEPS * (virtual.compute_s(1, b0) + virtual.compute_s(1, 2 * b0)) + PROBES * comm_s
+    return compute, comm_s, moved
 
 
 def _follow(exchange: PacedExchange, batches: ProportionalBatches, allocation: dict, rank: int) -> None:
@@ -97,6 +121,8 @@ def _follow(exchange: PacedExchange, batches: ProportionalBatches, allocation: d
     batches.set_batches(allocation["batches"])
     exchange.batch_size, exchange.steps_per_epoch = batches.size, batches.steps
     exchange.period = (allocation.get("periods") or [1] * len(allocation["batches"]))[rank]
+    if exchange.virtual is not None:
+        exchange.virtual.batch = batches.size
 
 
 class StepReports:
@@ -146,7 +172,7 @@ class AshlStrategy(DdcAsgdStrategy):
 
     def prepare(self, run, cluster) -> dict:
         self.run = run
-        self.coordinator = Coordinator(len(run.workers), super().control)
+        self.coordinator = Coordinator(len(run.workers), super().control, virtual=self.clock == "virtual")
         self.hosts = [cluster.info(eid).host for eid in run.workers]
         return super().prepare(run, cluster)
 
@@ -154,7 +180,8 @@ class AshlStrategy(DdcAsgdStrategy):
         hosts = self.hosts or [None] * workers
         groups = [[r for r in range(workers) if hosts[r] == host] for host in dict.fromkeys(hosts)]
         return {**super().shard_settings(workers), "max_staleness": None,
-                "extension": {"class": MEETING, "config": {"profile_groups": groups}}}
+                "extension": {"class": MEETING, "config": {"profile_groups": groups,
+                                                           "decide_at_epochs": self.clock == "virtual"}}}
 
     def check(self, run) -> None:
         super().check(run)
