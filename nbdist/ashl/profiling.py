@@ -4,17 +4,27 @@ Times forward+backward steps at batch b0 and 2*b0 (gradients computed, never app
 the model is unchanged) and fits t(b) = a + c*b through the fastest step time of each: on a
 shared host other processes only ever add time, so the minimum is the step's own cost. A
 simulated speed (`--simulate`) multiplies the measured times by 1/speed, so profiles see
-simulated and real slowness alike.
+simulated and real slowness alike. Profiling is bounded by time, not by steps (`BUDGET_S`,
+at least `MIN_STEPS` of each size): every worker waits for the slowest one's profile, so
+twenty steps of a worker four times slower would cost everyone a large part of an epoch.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 from ..hetero import Profile as SimulatedProfile
 from .allocation import CostModel, fit_profile
 
-STEPS = 20
+STEPS = 20  # at most, of each size
+MIN_STEPS = 3
+BUDGET_S = 0.25  # seconds of (simulated) profiling compute, once MIN_STEPS of each size are timed
+
+
+def steps_within_budget(pair_s: float) -> int:
+    """How many steps of each size profiling times when one step of each takes `pair_s` seconds."""
+    return max(MIN_STEPS, min(STEPS, math.ceil(BUDGET_S / max(pair_s, 1e-9))))
 
 
 def profile_compute(model, x, y, b0: int, simulated: SimulatedProfile | None = None, steps: int = STEPS,
@@ -39,7 +49,8 @@ def profile_compute(model, x, y, b0: int, simulated: SimulatedProfile | None = N
     if before_timing is not None:
         before_timing()
     times: list[list[float]] = [[], []]
-    for _ in range(steps):  # the two sizes alternate, so a burst of load on the host slows both alike
+    while len(times[0]) < steps_within_budget(sum(min(t) for t in times) * stretch if times[0] else 0.0) \
+            and len(times[0]) < steps:  # the two sizes alternate, so a burst of load on the host slows both alike
         for i, (xb, yb) in enumerate(inputs):
             started = time.perf_counter()
             _wait(gradients(xb, yb))

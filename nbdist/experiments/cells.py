@@ -26,6 +26,14 @@ def build():
                              keras.layers.MaxPooling2D(), keras.layers.Flatten(),
                              keras.layers.Dense(10, activation="softmax")])
 ''',
+    # cnn-wide: the CNN with a 1536-unit dense layer, 5.0 MB of weights, where a 50 Mbit/s link weighs
+    "cnn-wide": '''
+def build():
+    return keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Conv2D(16, 3, activation="relu"),
+                             keras.layers.MaxPooling2D(), keras.layers.Conv2D(32, 3, activation="relu"),
+                             keras.layers.MaxPooling2D(), keras.layers.Flatten(),
+                             keras.layers.Dense(1536, activation="relu"), keras.layers.Dense(10, activation="softmax")])
+''',
 }
 
 TRAIN = '''
@@ -36,9 +44,12 @@ history = model.fit(x, y, batch_size={batch}, epochs={epochs}, validation_data=(
 '''
 
 # The set-ups of docs/results.md (issue 17: S1-S4, the DDC-ASGD claim; issue 18: H1, H2, ASHL's).
+HETEROGENEOUS = "speed=1,1,0.5,0.25; bandwidth=1g,1g,200m,50m"
 SETUPS = {
     "S1": {"simulate": "speed=1,1,1,1,0.5,0.5,0.25,0.25", "lr": 0.05},
     "S2": {"simulate": "speed=1,1,1,1,0.5,0.5,0.25,0.1", "lr": 0.1},
     "S3": {"simulate": "speed=1,1,0.2,0.1", "lr": 0.05},
     "S4": {"simulate": "speed=" + ",".join(["1"] * 16), "lr": 0.02},
+    "H1": {"simulate": HETEROGENEOUS, "model": "cnn"},
+    "H2": {"simulate": HETEROGENEOUS, "model": "cnn-wide"},
 }

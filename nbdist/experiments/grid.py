@@ -100,6 +100,7 @@ def run_one(shell, session, row: Row, args, seed: int) -> dict:
         "staleness_mean": statistics.mean(applied) if applied else 0.0,
         "staleness_max": max(applied) if applied else 0,
         "dropped": sum(1 for p in pushes if p["dropped"]),
+        "commits_per_worker": len(pushes) / options["workers"],
         "bytes_sent": bytes_sent(run),
         "curve": {"epoch": list(range(1, len(history.get("val_accuracy", [])) + 1)),
                   "val_accuracy": list(history.get("val_accuracy", [])), "t": epoch_times(run, started)},

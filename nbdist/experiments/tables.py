@@ -35,6 +35,7 @@ def summarise(results: list[dict], target: float | None = None) -> list[dict]:
             "staleness_mean": statistics.mean(r["staleness_mean"] for r in runs),
             "staleness_max": max(r["staleness_max"] for r in runs),
             "dropped": statistics.mean(r["dropped"] for r in runs),
+            "commits": statistics.mean(r.get("commits_per_worker") or 0 for r in runs),
             "failed": sum(1 for r in runs if r["error"] or not math.isfinite(r["accuracy"])),
         })
     return summary
@@ -50,8 +51,8 @@ def markdown(summary: list[dict], command: str, args) -> str:
              + ".", "",
              "| strategy | final test accuracy | wall s | "
              + (f"{'virtual ' if clock == 'virtual' else ''}s to {target} (reached) | " if target else "")
-             + "MB sent | staleness mean | staleness max | dropped pushes |",
-             "|---|---|---|" + ("---|" if target else "") + "---|---|---|---|"]
+             + "MB sent | staleness mean | staleness max | dropped pushes | commits per worker |",
+             "|---|---|---|" + ("---|" if target else "") + "---|---|---|---|---|"]
     for s in summary:
         failed = f" ({s['failed']} failed)" if s["failed"] else ""
         reach = ""
@@ -59,14 +60,16 @@ def markdown(summary: list[dict], command: str, args) -> str:
             reach = (f"{s['time_to_target']:.1f} +- {s['time_to_target_std']:.1f} ({s['reached']}/{s['runs']}) | "
                      if s["time_to_target"] is not None else f"never (0/{s['runs']}) | ")
         sent = f"{s['bytes_sent'] / 1e6:.1f}" if s["bytes_sent"] is not None else "-"
+        commits = f"{s['commits']:.0f}" if s["commits"] else "-"  # PS pushes; hfdt has none
         lines.append(f"| {s['label']} | {s['accuracy_mean']:.4f} +- {s['accuracy_std']:.4f}{failed} | "
                      f"{s['wall_s']:.1f} | {reach}{sent} | {s['staleness_mean']:.2f} | {s['staleness_max']} | "
-                     f"{s['dropped']:.0f} |")
+                     f"{s['dropped']:.0f} | {commits} |")
     return "\n".join(lines) + "\n"
 
 
-def result_lines(summary: list[dict], base: str = "ashl") -> list[str]:
-    """`RESULT ashl_vs_<row>_time=<ratio>`: the base row's mean time to the target over each other row's."""
+def result_lines(summary: list[dict], base: str = "ashl", suffix: str = "") -> list[str]:
+    """`RESULT ashl_vs_<row>_time<suffix>=<ratio>`: the base row's mean time to the target over each other
+    row's."""
     rows = {s["label"]: s for s in summary}
     if base not in rows:
         return []
@@ -77,10 +80,8 @@ def result_lines(summary: list[dict], base: str = "ashl") -> list[str]:
             continue
         theirs = row["time_to_target"]
         ratio = "nan" if mine is None else "0" if theirs is None else f"{mine / theirs:.3f}"
-        lines.append(f"RESULT {base}_vs_{label.replace(':', '_').replace('=', '')}_time={ratio}")
+        lines.append(f"RESULT {base}_vs_{label.replace(':', '_').replace('=', '')}_time{suffix}={ratio}")
     return lines
-
-
 
 
 def ddc_result_lines(summary: list[dict]) -> list[str]:
@@ -101,8 +102,12 @@ def ddc_result_lines(summary: list[dict]) -> list[str]:
             f"RESULT ddc_gap_closed={closed:.3f}"]
 
 
+MODEL_TEXT = {"cnn": "CNN conv16-pool-conv32-pool-dense10 (0.1 MB)",
+              "cnn-wide": "CNN conv16-pool-conv32-pool-dense1536-dense10 (5.0 MB)"}
+
+
 def _model_text(args) -> str:
-    return f"MLP 784-{args.hidden}-10" if args.model == "mlp" else "CNN conv16-pool-conv32-pool-dense10"
+    return MODEL_TEXT.get(args.model) or f"MLP 784-{args.hidden}-10"
 
 
 def write_html(results: list[dict], path: Path) -> None:

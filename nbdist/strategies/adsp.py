@@ -4,7 +4,8 @@ Each worker trains locally with the cell's own optimizer and, every `interval` s
 commits its accumulated update delta = w_local - w_pulled to the parameter server, which
 applies w <- w + delta/N; the reply is the new global weights. The commit interval is
 found online: every few commits the worker tries a neighbouring interval and keeps the
-one whose loss fell faster per second (a hill climb over 1, 2, 4, ..., 64 steps).
+one whose loss fell faster per second (a hill climb over 1, 2, 4, ..., 64 steps). On the
+virtual clock a commit charges the local steps it carries, and "per second" is virtual.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class AdspWorker(PsWorker):
 def _committer(exchange: PushPull, variables):
     import keras
 
+    def now() -> float:
+        return exchange.virtual.now if exchange.virtual is not None else time.time()
+
     class Committer(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
             self.pulled = [np.array(v.numpy()) for v in variables]
@@ -73,17 +77,17 @@ def _committer(exchange: PushPull, variables):
             self.since += 1
             loss = (logs or {}).get("loss")
             if self.trial_start is None and loss is not None:
-                self.trial_start = (time.time(), float(loss))
+                self.trial_start = (now(), float(loss))
             if self.since >= self.search.interval:
                 self.commit()
                 if self.commits % COMMITS_PER_TRIAL == 0 and loss is not None and self.trial_start:
                     started, loss0 = self.trial_start
-                    self.search.report((loss0 - float(loss)) / max(time.time() - started, 1e-9))
+                    self.search.report((loss0 - float(loss)) / max(now() - started, 1e-9))
                     self.trial_start = None
 
         def commit(self):
             deltas = [v.numpy() - p for v, p in zip(variables, self.pulled)]
-            new = exchange.push(*deltas)
+            new = exchange.push(*deltas, steps=self.since)  # the local steps it carries
             assign(variables, new)
             self.pulled, self.since = [np.array(w) for w in new], 0
             self.commits += 1

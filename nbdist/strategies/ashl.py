@@ -1,6 +1,6 @@
 """`ashl`: adaptive multi-stage training for heterogeneous clusters (DESIGN.md section 6).
 
-Each worker first profiles itself (compute at b0 and 2*b0, five push-sized round trips to
+Each worker first profiles itself (compute at b0 and 2*b0, push-sized round trips to
 the PS; workers sharing a host take turns) and posts the profile to the PS; the kernel
 allocates batches that equalise step time (`nbdist.ashl.allocation`) and every worker
 then trains on its share: per global batch of B samples, worker i takes its b_i. AHL runs
@@ -14,6 +14,7 @@ shards' side is `nbdist.ashl.meeting`.
 
 from __future__ import annotations
 
+import math
 import socket
 import time
 
@@ -24,8 +25,7 @@ from ..ashl.coordinator import Coordinator
 from ..ashl.exchange import PacedExchange
 from ..ashl.meeting import SPEC as MEETING
 from ..ashl.allocation import CostModel
-from ..ashl.profiling import STEPS as PROFILE_STEPS
-from ..ashl.profiling import profile_compute
+from ..ashl.profiling import BUDGET_S, profile_compute, steps_within_budget
 from ..ashl.report import decisions, profile_table
 from ..errors import OptionError
 from ..hetero import Profile
@@ -37,7 +37,8 @@ from .asgd import DDC_OPTIONS, DELAY_REPORTS, DdcAsgdStrategy
 from .base import Reports
 from .parameter_server import PsWorker
 
-PROBES = 5
+PROBES = 5  # push-sized round trips, at most; at least MIN_PROBES, then while within the budget
+MIN_PROBES = 2
 REPORT_EVERY_S = 1.0
 
 
@@ -90,7 +91,9 @@ class AshlWorker(PsWorker):
             # workers on one host time their steps one after another (tracing, before, needs no turn)
             compute = profile_compute(model, x, y, b0, simulated,
                                       before_timing=lambda: exchange.client.request("turn"))
-            probes = [exchange.probe() for _ in range(PROBES)]
+            probes = [exchange.probe() for _ in range(MIN_PROBES)]
+            while len(probes) < PROBES and sum(s for s, _ in probes) < BUDGET_S:
+                probes.append(exchange.probe())
             comm_s, moved = float(np.median([s for s, _ in probes])), probes[-1][1]
         profile = {"fixed_s": compute.fixed_s, "per_sample_s": compute.per_sample_s, "comm_s": comm_s,
                    "bandwidth_bps": 8 * moved / comm_s if comm_s > 0 else None, "b0": b0, "epochs": epochs,
@@ -105,14 +108,16 @@ class AshlWorker(PsWorker):
 
 def virtual_profile(exchange: PacedExchange, b0: int):
     """The virtual clock's profile, exact: the run's step cost over this worker's speed, a push-sized round
-    trip over its link; the worker's clock advances by what profiling would take (PROFILE_STEPS steps at
-    b0 and at 2 x b0, PROBES round trips). Returns (compute CostModel, comm_s, bytes moved)."""
+    trip over its link; the worker's clock advances by what profiling on the real clock takes (steps at b0
+    and 2 x b0 and round trips, within the time budget). Returns (compute CostModel, comm_s, bytes moved)."""
     virtual = exchange.virtual
     speed = virtual.profile.speed
     compute = CostModel(virtual.step.fixed_s / speed, virtual.step.per_sample_s / speed)
     moved = 2 * sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in exchange.shapes.values())
     comm_s = 2 * virtual.link_s(moved // 2)
-    virtual.now += PROFILE_STEPS * (virtual.compute_s(1, b0) + virtual.compute_s(1, 2 * b0)) + PROBES * comm_s
+    pair_s = virtual.compute_s(1, b0) + virtual.compute_s(1, 2 * b0)
+    probes = max(MIN_PROBES, min(PROBES, math.ceil(BUDGET_S / max(comm_s, 1e-9))))
+    virtual.now += steps_within_budget(pair_s) * pair_s + probes * comm_s
     return compute, comm_s, moved
 
 
