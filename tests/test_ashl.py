@@ -84,6 +84,25 @@ def test_the_same_ashl_run_on_the_virtual_clock_decides_and_pushes_the_same(heav
         [e for e in ashl_run["events"] if e["event"] in ("allocated", "switch_phase")]
 
 
+def test_a_tf_data_pipeline_batched_last_trains_under_ashl(heavier, cluster):
+    idle_engines(cluster, 2)
+    cell = CELL.format(epochs=2).replace(
+        "model.fit(x, y, batch_size=64,",
+        "model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(64).prefetch(2),").replace(
+        "model = build_heavier()", "import tensorflow as tf\nmodel = build_heavier()")
+    kernel = heavier
+    kernel.run(f'%%distribute --strategy ashl --workers 2 --seed 1 --simulate "speed=1,0.5; {VIRTUAL}"\n' + cell,
+               timeout=300).check()
+    batches = kernel.value("nbdist.last_run.events_of('allocated')[0]['batches']")
+    # 1/s (1 ms + 50 us b) = T, b0 + b1 = 128: T = (128 x 50 us + 2 x 1 ms) / 1.5 = 5.6 ms,
+    # b = (T s - 1 ms) / 50 us = 92, 36
+    assert batches == [92, 36]
+    pushes = kernel.value("[r['worker'] for r in nbdist.last_run.push_records]")
+    assert [pushes.count(w) for w in (0, 1)] == [2 * (2000 // 128)] * 2  # every worker: one share per global batch
+    losses = kernel.value("history.history['loss']")
+    assert losses[1] < losses[0]
+
+
 def test_the_dashboard_switches_phase_by_hand(heavier, cluster):
     kernel = heavier
     idle_engines(cluster, 2)

@@ -7,6 +7,7 @@ import pytest
 
 from nbdist.ashl.allocation import CostModel, allocate, drifted, fit_profile, shard_fractions
 from nbdist.ashl.switch import Check, SwitchRule
+from nbdist.errors import OptionError
 from nbdist.ps.compression import CompressionPolicy, TopK, from_fp16, to_fp16
 
 
@@ -92,3 +93,29 @@ def test_a_floored_worker_on_a_free_link_gets_period_one_not_a_division_by_zero(
     profiles = [CostModel(0.001, 1e-5, 0.0), CostModel(0.05, 1e-3, 0.0)]
     batches, periods = allocate_with_periods(profiles, 128, b_min=16)
     assert sum(batches) == 128 and batches[1] == 16 and periods == [1, 1]
+
+
+def test_a_dataset_batched_last_is_split_per_global_batch_by_the_allocation():
+    import tensorflow as tf
+
+    from nbdist.ashl.batches import DatasetBatches, per_sample
+
+    x = np.arange(100, dtype="float32")
+    samples, batch = per_sample(tf.data.Dataset.from_tensor_slices((x, x)).batch(8).prefetch(2))
+    assert batch == 8 and int(samples.cardinality()) == 100
+    mine = DatasetBatches(samples, 1, [5, 2, 3])  # global batches of 10: rank 1 takes samples 5 and 6 of each
+    assert mine.steps == 10 and [b[0].numpy().tolist() for b in mine.dataset.take(2)] == [[5, 6], [15, 16]]
+    mine.set_batches([4, 4, 2])  # a re-allocation moves its slice for the batches read from then on
+    assert next(iter(mine.dataset))[0].numpy().tolist() == [4, 5, 6, 7]
+
+
+def test_a_dataset_ashl_cannot_rebatch_is_refused_with_what_to_pass():
+    import tensorflow as tf
+
+    from nbdist.ashl.batches import per_sample
+
+    x = np.arange(100, dtype="float32")
+    with pytest.raises(OptionError, match="last transformation is MapDataset; move .batch"):
+        per_sample(tf.data.Dataset.from_tensor_slices((x, x)).batch(8).map(lambda a, b: (a, b)))
+    with pytest.raises(OptionError, match="known, finite length"):
+        per_sample(tf.data.Dataset.from_tensor_slices((x, x)).filter(lambda a, b: a > 3).batch(8))

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from ..ashl.batches import ProportionalBatches
+from ..ashl.batches import DatasetBatches, ProportionalBatches, per_sample
 from ..ashl.coordinator import Coordinator
 from ..ashl.exchange import PacedExchange
 from ..ashl.meeting import SPEC as MEETING
@@ -48,10 +48,12 @@ class AshlWorker(PsWorker):
     exchange_class = PacedExchange
 
     def fit_data(self, request) -> dict:
-        if is_dataset(request.x) or is_py_dataset(request.x) or is_generator(request.x):
+        if is_py_dataset(request.x) or is_generator(request.x):
             raise OptionError("--strategy ashl re-batches the training data by each worker's speed and needs numpy "
-                              f"arrays for x and y. Received: x={short(request.x)}. Pass arrays, or use "
-                              "--strategy ddc-asgd, which takes a tf.data.Dataset, a PyDataset or a generator.")
+                              f"arrays or a tf.data.Dataset. Received: x={short(request.x)}. Pass arrays or a "
+                              "dataset, or use --strategy ddc-asgd, which takes a PyDataset or a generator.")
+        if is_dataset(request.x):
+            per_sample(request.x)  # refuses, before any work, a dataset it cannot re-batch
         if request.steps_per_epoch:
             raise OptionError("--strategy ashl sets the steps of an epoch itself (samples / global batch). Received: "
                               f"steps_per_epoch={request.steps_per_epoch}. Remove it.")
@@ -65,12 +67,21 @@ class AshlWorker(PsWorker):
                 "steps_per_epoch": None}
 
     def train(self, request, exchange: PacedExchange, data: dict, callbacks: list):
-        x, y = np.asarray(data["x"]), np.asarray(data["y"])
-        b0 = request.samples_per_step
+        if is_dataset(data["x"]):
+            samples, batched = per_sample(data["x"])
+            b0 = batched or request.batch_size or 32
+            first = next(iter(samples.batch(2 * b0)))  # what profiling times its steps on
+            x, y = np.asarray(first[0]), np.asarray(first[1])
+        else:
+            x, y = np.asarray(data["x"]), np.asarray(data["y"])
+            b0 = request.samples_per_step
         allocation = self._profile_and_wait(exchange, request.model, x, y, b0, request.epochs or 1)
-        weights = None if data["sample_weight"] is None else np.asarray(data["sample_weight"])
-        batches = ProportionalBatches(x, y, self.rank, allocation["batches"], seed=self.spec.get("seed") or 0,
-                                      sample_weight=weights)
+        if is_dataset(data["x"]):
+            batches = DatasetBatches(samples, self.rank, allocation["batches"])
+        else:
+            weights = None if data["sample_weight"] is None else np.asarray(data["sample_weight"])
+            batches = ProportionalBatches(x, y, self.rank, allocation["batches"], seed=self.spec.get("seed") or 0,
+                                          sample_weight=weights)
         _follow(exchange, batches, allocation, self.rank)
         exchange.compressor = PushCompressor()
         exchange.phase = "ahl"
