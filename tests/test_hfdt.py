@@ -78,3 +78,25 @@ def test_engine_killed_mid_run_fails_fast_and_next_hfdt_cell_works(kernel, clust
     # The survivor was freed (Horovod shut down) and trains again with another engine.
     kernel.run(f"%%distribute --strategy hfdt --targets {survivor},0\n" + TRAIN.format(epochs=1), timeout=180).check()
     assert kernel.value(WEIGHTS_OF_RANKS) <= 1e-6
+
+
+def test_balance_auto_sizes_batches_by_speed_and_the_slow_rank_no_longer_sets_the_pace(kernel):
+    cell = TRAIN.format(epochs=1).replace("batch_size=64", "batch_size=32")
+    times = {}
+    for balance in ("none", "auto"):
+        kernel.run(f'%%distribute --strategy hfdt --workers 2 --balance {balance} --simulate "speed=1,0.5; '
+                   f'clock=virtual; step=1ms+50us/sample"\n' + cell, timeout=240).check()
+        assert kernel.value(WEIGHTS_OF_RANKS) <= 1e-6
+        records = kernel.value("[(r['worker'], r['samples'] // r['step'], r['step'], "
+                               "round(r['t'] - nbdist.last_run.started_at, 6)) for r in nbdist.last_run.metrics]")
+        times[balance] = max(t for *_, t in records)
+        batches = sorted({(rank, batch) for rank, batch, _, _ in records})
+        steps = {rank: max(s for r, _, s, _ in records if r == rank) for rank in (0, 1)}
+        assert steps[0] == steps[1]  # the same steps on both ranks, or the allreduce would deadlock
+    # (1 ms + 50 us b) / s equal with b0 + b1 = 64: b = 49.33, 14.67 -> 49, 15 (largest remainder)
+    assert batches == [(0, 49), (1, 15)]
+    # a step costs the slower rank's compute: max(3.45, 3.5) ms balanced, 31 steps of 64 (shares of 1531 and
+    # 469 samples); 2 x 2.6 ms with equal batches, 32 steps (1000 samples a rank, the last batch partial)
+    assert times["auto"] == pytest.approx(31 * 0.0035, rel=1e-6)
+    assert times["none"] == pytest.approx(32 * 0.0052, rel=1e-6)
+    assert kernel.value("len(history.history['loss'])") == 1

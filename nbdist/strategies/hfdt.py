@@ -18,6 +18,7 @@ from ..netroute import address_towards_cluster, interface_towards
 from ..rendezvous import Rendezvous, host_plan, require_horovod
 from ..sharding import shard_fit_data
 from ..step_timer import StepTimer
+from .. import balance
 from . import horovod_ops as ops
 from .base import Option, Reports, Strategy, Worker
 from .control_step import stop_when_stopped
@@ -27,6 +28,9 @@ COMPRESSION = Option("--compression", "gradient compression on the allreduce: no
                      choices=("none", "fp16"))
 SCALE_LR = Option("--scale-lr", "multiply the learning rate by the number of workers (linear, the default) or "
                   "leave it (none)", default="linear", choices=("linear", "none"))
+BALANCE = Option("--balance", "none (every rank the cell's batch) or auto: profile every rank and give it a "
+                 "batch and a share of the data in proportion to its speed, so a slow GPU does not set everyone's "
+                 "pace", default="none", choices=("none", "auto"))
 WARMUP_EPOCHS = Option("--warmup-epochs", "ramp the scaled learning rate up over this many epochs (default 0: "
                        "scaled from the first step)", type=float, default=0.0, metavar="E", minimum=0)
 
@@ -54,22 +58,28 @@ class HfdtWorker(Worker):
             data = shard_fit_data(request, self.rank, self.size, synchronous=True)
             build_for_training(model, data["x"])
             ops.broadcast_from_rank0(hvd, list(model.variables) + list(optimizer.variables))
+            batch = request.samples_per_step or 32
+            step = self._virtual_step_cost(hvd, model, data, batch)
+            batches = [batch] * self.size
+            if self.values["balance"] == "auto":
+                batches = self._balance(hvd, model, data, batch, step)
+                data = self._balanced_data(hvd, request, batches)
+            weight = balance.gradient_weight(batches, self.rank)
             with apply_gradients_restored(model):
                 optimizer.apply_gradients = ops.allreduced(hvd, optimizer.apply_gradients, self.values["compression"],
-                                                           control)
+                                                           control, weight)
                 model.jit_compile = False  # XLA cannot compile Horovod's ops
                 user = self.user_callbacks(request)
                 restored = [ops.rank0_restore(hvd, model)] if any(type(c).__name__ == "BackupAndRestore"
                                                                   for c in user) else []
-                reporter = self.make_reporter(request.samples_per_step)
-                step_s = self._virtual_step_s(hvd, model, data, request)
-                if step_s is not None:  # the records' time: the run's start plus the virtual steps made
-                    start = self.spec.get("cell_start") or 0.0
+                reporter = self.make_reporter(batches[self.rank])
+                if step is not None:  # the records' time: the run's start plus the virtual steps made
+                    start, step_s = self.spec.get("cell_start") or 0.0, self._virtual_step_s(model, step, batches)
                     reporter.clock = lambda: start + reporter.steps * step_s
                 per_step = ops.ring_allreduce_bytes(self.size, _gradient_bytes(model))
                 reporter.extra = lambda: {"bytes_sent": reporter.steps * per_step}
-                callbacks = [ops.epoch_log_averager(hvd), *self._lr_callbacks(optimizer), *self._simulation(per_step),
-                             *user, *restored, stop_when_stopped(control), reporter]
+                callbacks = [ops.epoch_log_averager(hvd, weight), *self._lr_callbacks(optimizer),
+                             *self._simulation(per_step), *user, *restored, stop_when_stopped(control), reporter]
                 return request.run_plain(callbacks=callbacks, verbose=0, **data)
         finally:
             control.close()
@@ -125,21 +135,45 @@ class HfdtWorker(Worker):
 
         return [Simulated()]
 
-    def _virtual_step_s(self, hvd, model, data, request) -> float | None:
-        """On the virtual clock: a synchronous step's virtual seconds, the slowest rank's compute and a ring
-        allreduce; the step cost given, or measured once on rank 0 and broadcast. None on the real clock."""
+    def _virtual_step_cost(self, hvd, model, data, batch: int):
+        """On the virtual clock: the step cost given, or measured once on rank 0 and broadcast (a
+        `StepCost`); None on the real clock."""
         virtual = self.config.get("virtual")
         if virtual is None:
             return None
-        from ..hetero import Profile, StepCost
-        from ..virtual_clock import measure_step_cost, ring_allreduce_s
+        from ..hetero import StepCost
+        from ..virtual_clock import measure_step_cost
 
-        batch = request.samples_per_step or 32
         step = virtual.get("step") or (measure_step_cost(model, data, batch).to_json() if self.rank == 0 else None)
-        step = StepCost(**hvd.broadcast_object(step, root_rank=0, name="nbdist_step_cost")).at(batch)
-        self.virtual_step = step
-        profiles = [Profile(**p) for p in self.config["simulate"]]
-        return ring_allreduce_s(profiles, [step.seconds(batch) / p.speed for p in profiles], _gradient_bytes(model))
+        self.virtual_step = StepCost(**hvd.broadcast_object(step, root_rank=0, name="nbdist_step_cost")).at(batch)
+        return self.virtual_step
+
+    def _virtual_step_s(self, model, step, batches: list[int]) -> float:
+        """A synchronous step's virtual seconds: the slowest rank's compute at its batch, then a ring allreduce."""
+        from ..virtual_clock import ring_allreduce_s
+
+        profiles = self._profiles()
+        return ring_allreduce_s(profiles, [step.seconds(b) / p.speed for b, p in zip(batches, profiles)],
+                                _gradient_bytes(model))
+
+    def _profiles(self) -> list:
+        from ..hetero import Profile
+
+        return [Profile(**p) for p in self.config["simulate"]]
+
+    def _balance(self, hvd, model, data: dict, batch: int, step) -> list[int]:
+        """`--balance auto`: every rank's batch, from the profiles of all ranks (the same on each)."""
+        cost = balance.own_cost(data, model, batch, self._profiles()[self.rank], step)
+        costs = hvd.allgather_object(cost, name="nbdist_balance_profiles")
+        return balance.balanced_batches(costs, batch)
+
+    def _balanced_data(self, hvd, request, batches: list[int]) -> dict:
+        """This rank's share of the data in proportion to its batch; every rank makes the same steps."""
+        data = shard_fit_data(request, self.rank, self.size, synchronous=True, fractions=[float(b) for b in batches])
+        if data["steps_per_epoch"] is None:
+            own = balance.steps_per_epoch(len(data["x"]), batches[self.rank])
+            data["steps_per_epoch"] = min(hvd.allgather_object(own, name="nbdist_balance_steps"))
+        return {**data, "batch_size": batches[self.rank]}
 
     def _lr_callbacks(self, optimizer) -> list:
         if self.values["scale_lr"] == "none" or self.size == 1:
@@ -170,7 +204,7 @@ class HfdtStrategy(Strategy):
 
     name = "hfdt"
     summary = "synchronous data parallel, Horovod ring-allreduce over Gloo"
-    reads = (COMPRESSION, SCALE_LR, WARMUP_EPOCHS, SIMULATE)
+    reads = (COMPRESSION, SCALE_LR, WARMUP_EPOCHS, BALANCE, SIMULATE)
     reports = Reports(panels=("loss", "throughput"), controls=("pause", "resume", "stop"))
     worker_class = HfdtWorker
 

@@ -16,8 +16,9 @@ def broadcast_from_rank0(hvd, variables) -> None:
         variable.assign(hvd.broadcast(tf.convert_to_tensor(variable), root_rank=0, name=f"nbdist_init_{i}"))
 
 
-def allreduced(hvd, apply_gradients, compression: str | None, control=None):
-    """`optimizer.apply_gradients` that first averages the gradients over all ranks (one fused group).
+def allreduced(hvd, apply_gradients, compression: str | None, control=None, weight: float = 1.0):
+    """`optimizer.apply_gradients` that first averages the gradients over all ranks (one fused group);
+    `weight` multiplies this rank's gradients first (`hfdt --balance auto`: N b_rank / B).
 
     With a `ControlPoint`, its flags travel in the same group, so every rank pauses or stops at
     the same step (a rank that stopped alone would leave the others waiting in the next allreduce).
@@ -30,6 +31,8 @@ def allreduced(hvd, apply_gradients, compression: str | None, control=None):
         pairs = list(grads_and_vars)
         present = [i for i, (g, _) in enumerate(pairs) if g is not None]
         dense = [tf.convert_to_tensor(pairs[i][0]) for i in present]  # IndexedSlices -> dense
+        if weight != 1.0:
+            dense = [g * tf.cast(weight, g.dtype) for g in dense]
         if control is not None:
             dense.append(tf.numpy_function(control.flags, [], tf.float32, stateful=True, name="nbdist_flags"))
         # A fixed name: Horovod matches tensors across ranks by name, and the default (from
@@ -51,8 +54,9 @@ def ring_allreduce_bytes(workers: int, nbytes: int) -> int:
     return int(2 * (workers - 1) / workers * nbytes) if workers > 1 else 0
 
 
-def epoch_log_averager(hvd):
-    """Averages every epoch-end metric (train and validation) over ranks, before History records it.
+def epoch_log_averager(hvd, weight: float = 1.0):
+    """Averages every epoch-end metric (train and validation) over ranks, before History records it;
+    each rank's logs count `weight` (its batch, under `--balance auto`).
 
     Rank 0's metric names are the ones averaged (a rank whose model was compiled at another time may
     log a stale extra metric; it is left out, and a rank missing one does not count for it)."""
@@ -66,7 +70,7 @@ def epoch_log_averager(hvd):
             keys = hvd.broadcast_object(sorted(mine), root_rank=0, name=f"nbdist_epoch_keys_{epoch}")
             if not keys:
                 return
-            values = [mine.get(k, 0.0) for k in keys] + [float(k in mine) for k in keys]
+            values = [weight * mine.get(k, 0.0) for k in keys] + [weight * float(k in mine) for k in keys]
             sums = hvd.allreduce(tf.constant(values, tf.float64), op=hvd.Sum,
                                  name=f"nbdist_epoch_logs_{epoch}").numpy()
             counts = sums[len(keys):]
