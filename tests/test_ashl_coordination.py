@@ -177,3 +177,18 @@ def test_proportional_batches_cover_each_epoch_once_between_the_workers():
     for s in sets:
         s.set_batches([2, 4, 4])
     assert [s.size for s in sets] == [2, 4, 4]
+
+
+def test_ablations_switch_allocation_off_and_name_the_parts_there_are():
+    from nbdist.errors import OptionError
+    from nbdist.strategies.ashl import parts_off
+
+    sent = []
+    coordinator = Coordinator(2, lambda action, value: sent.append((action, value)) or [], without={"allocation"})
+    run = Run(strategy="ashl", options={}, workers=[0, 1], cell="")
+    profiles = {r: {"fixed_s": 0.001, "per_sample_s": 1e-4 * (r + 1), "comm_s": 0.01, "b0": 64} for r in (0, 1)}
+    coordinator.update(run, {"coordination": {"profiles": profiles}}, {})
+    assert sent[0][0] == "allocate" and sent[0][1]["batches"] == [64, 64] and sent[0][1]["periods"] == [1, 1]
+    assert parts_off("switch+compression") == {"switch", "compression"}
+    with pytest.raises(OptionError, match="ASHL's parts are allocation, switch, compression; unknown: profile"):
+        parts_off("profile")

@@ -25,8 +25,9 @@ MIN_TIMED_STEPS = 8  # an epoch report with fewer measured steps says too little
 class Coordinator:
     """One run's ASHL decisions. `control(action, value)` reaches every shard."""
 
-    def __init__(self, workers: int, control, virtual: bool = False):
+    def __init__(self, workers: int, control, virtual: bool = False, without: set[str] = frozenset()):
         self.workers, self.control, self.virtual = workers, control, virtual
+        self.without = set(without)  # parts switched off (ablations): allocation, switch
         self.models: list[CostModel] | None = None
         self.batches: list[int] | None = None
         self.periods: list[int] | None = None
@@ -58,7 +59,7 @@ class Coordinator:
             self._decide_epoch_ends(run, coordination.get("epoch_ends") or {}, profiles)
             return
         self._reallocate_on_drift(run, {int(k): v for k, v in (coordination.get("reports") or {}).items()}, live)
-        if self.phase == "ahl":
+        if self.phase == "ahl" and "switch" not in self.without:
             self._consider_switch(run, progress, live)
 
     def _live(self, run) -> list[int]:
@@ -90,6 +91,9 @@ class Coordinator:
         self.phase = "ahl"
 
     def _solve(self, global_batch: int) -> None:
+        if "allocation" in self.without:
+            self.batches, self.periods = [global_batch // self.workers] * self.workers, [1] * self.workers
+            return
         floor = max(1, math.floor(MIN_SHARE * global_batch / self.workers))
         self.batches, self.periods = allocate_with_periods(self.models, global_batch, b_min=floor)
 
@@ -161,7 +165,7 @@ class Coordinator:
     def _decide_epoch_ends(self, run, epoch_ends: dict, profiles: dict[int, dict]) -> None:
         """The virtual clock: the switch rule at each epoch end the shard holds, then the barrier's release."""
         for epoch, end in sorted((int(e), v) for e, v in epoch_ends.items()):
-            if self.phase == "ahl":
+            if self.phase == "ahl" and "switch" not in self.without:
                 logs = end["logs"]
                 lr = logs.get("learning_rate")
                 if self.initial_lr is None and lr:

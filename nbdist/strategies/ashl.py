@@ -34,9 +34,13 @@ from ..ps.compression import PushCompressor
 from ..sharding import is_generator, is_py_dataset, shard_validation, split_validation
 from . import options as opt
 from .asgd import DDC_OPTIONS, DELAY_REPORTS, DdcAsgdStrategy
-from .base import Reports
+from .base import Option, Reports
 from .parameter_server import PsWorker
 
+PARTS = ("allocation", "switch", "compression")
+WITHOUT = Option("--without", "switch parts of ASHL off, for ablations: allocation (equal batches, every worker "
+                 "pushing each step), switch (asynchronous to the end), compression; several joined by + or ,",
+                 metavar="PARTS")
 PROBES = 5  # push-sized round trips, at most; at least MIN_PROBES, then while within the budget
 MIN_PROBES = 2
 REPORT_EVERY_S = 1.0
@@ -83,7 +87,7 @@ class AshlWorker(PsWorker):
             batches = ProportionalBatches(x, y, self.rank, allocation["batches"], seed=self.spec.get("seed") or 0,
                                           sample_weight=weights)
         _follow(exchange, batches, allocation, self.rank)
-        exchange.compressor = PushCompressor()
+        exchange.compressor = None if "compression" in parts_off(self.values.get("without")) else PushCompressor()
         exchange.phase = "ahl"
         if exchange.virtual is None:  # on the virtual clock the cost model is exact: nothing to report
             exchange.after_exchange = StepReports(exchange, batches, allocation)
@@ -141,6 +145,15 @@ def _follow(exchange: PacedExchange, batches: ProportionalBatches, allocation: d
         exchange.virtual.batch = batches.size
 
 
+def parts_off(text: str | None) -> set[str]:
+    """The parts `--without` names (refusing a name that is not one)."""
+    named = {p.strip() for p in (text or "").replace("+", ",").split(",") if p.strip()}
+    unknown = named - set(PARTS)
+    if unknown:
+        raise OptionError(f"--without {text!r}: ASHL's parts are {', '.join(PARTS)}; unknown: {', '.join(sorted(unknown))}.")
+    return named
+
+
 class StepReports:
     """About once a second, after an exchange (the thread that talks to the PS): this worker's step
     times to the kernel, and the allocation now in force back, taken at once."""
@@ -172,8 +185,8 @@ class AshlStrategy(DdcAsgdStrategy):
     preset = "ddc-asgd"
     summary = ("heterogeneous clusters: profile, batches sized to each worker's speed, async (ddc-asgd) then "
                "sync phase, compression when communication dominates")
-    reads = tuple(o for o in (*opt.PARAMETER_SERVER, opt.MOMENTUM, *DDC_OPTIONS)
-                  if o not in (opt.MAX_STALENESS, opt.DATA_SHARDS))  # ASHL sizes each worker's share itself
+    reads = (*(o for o in (*opt.PARAMETER_SERVER, opt.MOMENTUM, *DDC_OPTIONS)
+               if o not in (opt.MAX_STALENESS, opt.DATA_SHARDS)), WITHOUT)  # ASHL sizes each worker's share itself
     reports = Reports(panels=(*DELAY_REPORTS.panels, "decisions"), phases=("profile", "ahl", "shl"),
                       controls=("pause", "resume", "stop", "lr_scale", "evict", "switch_phase"))
     worker_class = AshlWorker
@@ -188,7 +201,8 @@ class AshlStrategy(DdcAsgdStrategy):
 
     def prepare(self, run, cluster) -> dict:
         self.run = run
-        self.coordinator = Coordinator(len(run.workers), super().control, virtual=self.clock == "virtual")
+        self.coordinator = Coordinator(len(run.workers), super().control, virtual=self.clock == "virtual",
+                                       without=parts_off(self.value("without")))
         self.hosts = [cluster.info(eid).host for eid in run.workers]
         return super().prepare(run, cluster)
 
