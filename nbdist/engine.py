@@ -8,6 +8,7 @@ import socket
 import time
 
 DEFINITIONS_VAR = "__nbdist_definitions__"  # {key: digest} of definition cells run on this engine
+VALUES_VAR = "__nbdist_values__"  # {name: (digest, id of the object received)} of values the notebook sent
 NAMES_VAR = "__nbdist_names__"  # names that definition and training cells bound here (what `release` clears)
 
 
@@ -54,6 +55,7 @@ def release() -> int:
     for name in names:
         namespace.pop(name, None)
     namespace.pop(DEFINITIONS_VAR, None)
+    namespace.pop(VALUES_VAR, None)
     if "keras" in sys.modules:  # never import TensorFlow just to release it
         sys.modules["keras"].backend.clear_session(free_memory=True)
     gc.collect()
@@ -138,6 +140,30 @@ def run_definition(key: str, digest: str, source: str, index: int) -> None:
     """Run one recorded definition cell and remember its digest."""
     _run_source(source, f"<nbdist definition cell {index}>")
     _shell().user_ns.setdefault(DEFINITIONS_VAR, {})[key] = digest
+
+
+def value_digests() -> dict:
+    """The {name: digest} of the values the notebook sent that this engine still holds unchanged in name."""
+    namespace = _shell().user_ns
+    return {name: digest for name, (digest, ident) in namespace.get(VALUES_VAR, {}).items()
+            if name in namespace and id(namespace[name]) == ident}
+
+
+def receive_value(name: str, digest: str, value, pickled: bool = False, shard: tuple | None = None) -> None:
+    """Bind a value the notebook sent (`nbdist.bring`); `shard` (rank, size, full length): it is this
+    rank's strided shard of the notebook's array."""
+    if pickled:
+        import cloudpickle
+
+        value = cloudpickle.loads(value)
+    if shard is not None:
+        from .sharding import mark_presharded
+
+        mark_presharded(value, *shard)
+    namespace = _shell().user_ns
+    namespace[name] = value
+    namespace.setdefault(VALUES_VAR, {})[name] = (digest, id(value))
+    namespace.setdefault(NAMES_VAR, set()).add(name)
 
 
 def run_training_cell(spec: dict) -> list:

@@ -12,7 +12,7 @@ from . import gpus, report
 from .progress import TextProgress
 from .strategies import COMMON_OPTIONS, on_register, strategy_names, strategy_options
 
-DIST_ACTIONS = ("start", "connect", "stop", "status", "runs", "wait")
+DIST_ACTIONS = ("start", "connect", "stop", "status", "runs", "wait", "push")
 
 
 def distribute_parser():
@@ -53,6 +53,7 @@ class NbdistMagics(Magics):
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument("action", choices=DIST_ACTIONS, help="what to do: " + ", ".join(DIST_ACTIONS))
+    @magic_arguments.argument("names", nargs="*", metavar="NAME", help="push: the names to send to every engine")
     @magic_arguments.argument("-n", type=int, default=None, metavar="N", help="start: number of engines (default 2)")
     @magic_arguments.argument("--engines", default="local", metavar="LAUNCHER",
                               help="start: ipyparallel engine launcher: local, mpi, ssh, slurm, pbs, ...")
@@ -78,11 +79,15 @@ class NbdistMagics(Magics):
             %dist status                     # one row per engine
             %dist runs                       # the runs of this kernel
             %dist wait                       # until the last --background run ends
+            %dist push x y build             # send these to every engine now (nbdist brings what a
+                                             # training cell uses by itself; this is for the rest)
             %dist stop
             %dist stop --stale               # clusters a previous (killed) kernel left running
         """
         args = _parse(self.dist.parser, line, "dist")
         _refuse_unused(self.dist.parser, args)
+        if args.names and args.action != "push":
+            raise UsageError(f"%dist {args.action} takes no names ({' '.join(args.names)}); see %dist?")
         session = self.session
         if args.kernel_gpu and (notice := gpus.give_to_kernel()):
             print(notice)
@@ -109,6 +114,10 @@ class NbdistMagics(Magics):
             print(report.run_table(session.runs))
         elif args.action == "wait":
             session.wait()
+        elif args.action == "push":
+            sent = session.push(args.names)
+            print(f"nbdist: sent {', '.join(sent['names']) or 'nothing (the engines have them)'} "
+                  f"({sent['data_bytes'] / 1e6:.1f} MB of data)")
 
     @cell_magic
     def distribute(self, line, cell):

@@ -58,7 +58,8 @@ class Run:
     ps: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     hosts: dict[int, dict] = field(default_factory=dict)  # engine id -> {"host", "gpus"}
-    sent: dict = field(default_factory=dict)  # what the kernel sent before training: {"model_bytes", "models"}
+    sent: dict = field(default_factory=dict)  # what the kernel sent before training: {"model_bytes", "models",
+    # "brought": {"names", "data_bytes", "sharded"}}
     services: list[dict] = field(default_factory=list)  # processes started for the run: {"kind", "pid", "host", ...}
     controller: object = field(default=None, repr=False)  # the strategy object while it runs
     thread: object = field(default=None, repr=False)  # the `Background` of a --background run not yet waited for
@@ -193,8 +194,9 @@ def push_record(run_id: int, row: dict) -> dict:
                        dropped=row["outcome"] == "dropped", rejected=str(row["outcome"]).startswith("rejected"))
 
 
-def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None) -> Run:
+def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None, before_submit=None) -> Run:
     """Run the training cell on the run's workers and wait for it, bounded and interruptible.
+    `before_submit()` runs once the strategy has prepared (the workers in rank order), before the cell.
 
     Raises:
         EngineFailure: user code failed on an engine (names it, carries the traceback).
@@ -211,6 +213,8 @@ def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None) -> Run
             bus = strategy.bus = ControlBus().start(address_towards_cluster(
                 cluster.client, all(cluster.shares_network(e) for e in run.workers)))
         config = strategy.prepare(run, cluster)
+        if before_submit is not None:
+            before_submit()
         pending = _submit(run, cluster, config, bus.spec() if bus is not None else None)
         _wait(run, cluster, strategy, pending, on_progress)
         run.status = "done"
@@ -319,7 +323,9 @@ def _engine_error(cluster: ClusterHandle, eid: int, exc) -> errors.NbdistError:
         return errors.EngineDied(f"{where} died during the run: {exc.evalue}")
     if isinstance(ours, type) and issubclass(ours, errors.NbdistError) and not issubclass(ours, errors.EngineFailure):
         return ours(f"{exc.evalue} [{where}]")
-    return errors.EngineFailure(f"{exc.ename}: {exc.evalue} [on {where}]", user_frames(exc.traceback or ""))
+    hint = (" The engines lack a name the cell uses: define it in this notebook (nbdist brings what the "
+            "training cell uses, unless --no-bring), or in a %%distribute define cell." if exc.ename == "NameError" else "")
+    return errors.EngineFailure(f"{exc.ename}: {exc.evalue} [on {where}]{hint}", user_frames(exc.traceback or ""))
 
 
 def user_frames(traceback: str) -> str:

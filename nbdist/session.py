@@ -6,7 +6,7 @@ import hashlib
 import time
 from dataclasses import dataclass
 
-from . import engine, lifeline, run as runs
+from . import bring, engine, lifeline, run as runs
 from .cluster import ClusterHandle
 from .errors import ClusterError, DefinitionFailed, NbdistError, OptionError
 from .keras_bridge import install_result, intercept_fit
@@ -39,6 +39,7 @@ class Session:
         self.listeners: list = []  # callables told what changed ("cluster", "definitions", "run", "progress")
         self.cell_hook = None  # the pre_run_cell hook that keeps `current_cell_id` (set by %load_ext)
         self.lab = None  # the JupyterLab sidebar's channel, in a Jupyter kernel
+        self._transformed: dict[str, str] = {}  # cell text -> its Python (IPython's transform, cached)
 
     def changed(self, what: str) -> None:
         """Tell the listeners (the JupyterLab sidebar's channel) that part of the state changed."""
@@ -150,6 +151,54 @@ class Session:
             self._raise_sync_error(cluster, eid, call)
         return sent
 
+    # -- what the cell uses, brought (no marks needed) -----------------------------------------
+    def bring_plan(self, cell: str, names: list[str] | None = None) -> list[bring.Item]:
+        """What the cell (or `names`) needs from this notebook that marked cells and model sync do not give."""
+        from . import model_sync
+        from .bring.names import bindings
+
+        if self.shell is None:
+            return []
+        python = self.shell.transform_cell(cell)
+        namespace = self.shell.user_ns
+        marked = {n for d in self.definitions.values() for n in bindings(self._python(d.source))}
+        skip = marked | set(model_sync.models_used(python, namespace))
+        return bring.plan(python, namespace, self._notebook_cells(), skip, names)
+
+    def _notebook_cells(self) -> list[tuple[int, str]]:
+        history = self.shell.user_ns.get("In") or []
+        return [(i, self._python(source)) for i, source in enumerate(history) if source and source.strip()]
+
+    def _python(self, source: str) -> str:
+        python = self._transformed.get(source)
+        if python is None:
+            python = self._transformed[source] = self.shell.transform_cell(source)
+        return python
+
+    def _bring(self, run: runs.Run, strategy, items: list[bring.Item]) -> None:
+        """Send the plan to the run's workers (in rank order, after the strategy has prepared)."""
+        from .bring.names import fit_array_names
+
+        if not items:
+            return
+        shard_names = fit_array_names(self._python(run.cell)) if strategy.array_shards() else set()
+        brought = bring.send(items, self.require_cluster(), run.workers, shard_names)
+        run.sent["brought"] = brought
+        if brought["names"]:
+            sharded = f"; {', '.join(brought['sharded'])} as one shard per worker" if brought["sharded"] else ""
+            print(f"nbdist: brought {', '.join(brought['names'])} to the engines "
+                  f"({brought['data_bytes'] / 1e6:.1f} MB of data{sharded})", flush=True)
+
+    def push(self, names: list[str]) -> dict:
+        """`%dist push NAME ...`: send these names (values, functions, modules) to every engine now."""
+        if not names:
+            raise OptionError("%dist push needs the names to send, like %dist push x y build.")
+        missing = [n for n in names if n not in self.shell.user_ns]
+        if missing:
+            raise OptionError(f"%dist push: {', '.join(missing)} not defined in this notebook.")
+        cluster = self.require_cluster()
+        return bring.send(self.bring_plan("", names), cluster, sorted(cluster.ids()))
+
     @staticmethod
     def _raise_sync_error(cluster, eid, ar):
         import ipyparallel as ipp
@@ -193,6 +242,7 @@ class Session:
         workers = self._choose_workers(strategy, cluster, options)
         cluster.refresh(workers)
         self.sync_definitions(workers)
+        items = [] if options.get("no_bring") else self.bring_plan(cell)  # a refusal comes before any work
         sent = self.sync_models(cell, workers)
         run = runs.Run(strategy=strategy.name, options=dict(options), workers=workers, cell=cell,
                        cell_id=self.current_cell_id, sent=sent)
@@ -208,7 +258,8 @@ class Session:
 
         def train():
             try:
-                runs.execute(run, cluster, strategy, on_progress=tick)
+                runs.execute(run, cluster, strategy, on_progress=tick,
+                             before_submit=lambda: self._bring(run, strategy, items))
             finally:
                 if progress is not None:
                     progress.close()

@@ -9,8 +9,28 @@ from __future__ import annotations
 
 import itertools
 import math
+import weakref
 
 from .errors import OptionError
+
+_PRESHARDED: dict[int, tuple] = {}  # id(array) -> (weak reference, rank, size, full length)
+
+
+def strided(n: int, rank: int, size: int) -> slice:
+    """The samples of rank `rank`'s strided shard of `n`: rank, rank+size, ... of the first size*floor(n/size)."""
+    return slice(rank, (n // size) * size, size)
+
+
+def mark_presharded(array, rank: int, size: int, total: int) -> None:
+    """`array` is already rank's strided shard of `total` samples (the notebook sent only that, `nbdist.bring`)."""
+    _PRESHARDED[id(array)] = (weakref.ref(array, lambda _, key=id(array): _PRESHARDED.pop(key, None)),
+                              rank, size, total)
+
+
+def presharded(array) -> tuple[int, int, int] | None:
+    """(rank, size, full length) when `array` is a shard the notebook sent, else None."""
+    entry = _PRESHARDED.get(id(array))
+    return entry[1:] if entry is not None and entry[0]() is array else None
 
 
 def _length(data) -> int:
@@ -76,13 +96,21 @@ def shard_arrays(x, y, rank: int, size: int, sample_weight=None):
     rank the same number of steps; at most size-1 samples per epoch are left out.
     Returns (x, y), or (x, y, sample_weight) when sample weights are given.
     """
-    n = _length(x)
+    sent = presharded(x)
+    n = sent[2] if sent else _length(x)
     if n < size:
         raise OptionError(f"{n} training samples cannot be shared by {size} workers; use fewer --workers.")
-    usable = (n // size) * size
-    index = slice(rank, usable, size)
-    shard = (_index(x, index), _index(y, index))
-    return shard if sample_weight is None else (*shard, _index(sample_weight, index))
+    index = strided(n, rank, size)
+
+    def take(data):  # an array the notebook sent as this rank's shard is that shard already
+        shard_of = presharded(data)
+        if shard_of is not None and shard_of[:2] != (rank, size):
+            raise OptionError(f"this engine holds the shard {shard_of[0]}/{shard_of[1]} of the data, not "
+                              f"{rank}/{size}; re-run the cell (nbdist sends the right one).")
+        return data if shard_of is not None else _index(data, index)
+
+    shard = (take(x), take(y))
+    return shard if sample_weight is None else (*shard, take(sample_weight))
 
 
 def shard_dataset(dataset, rank: int, size: int, steps: int | None):

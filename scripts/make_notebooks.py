@@ -326,6 +326,51 @@ MULTI_HOST = [
 ]
 
 
+NO_MARKS = [
+    new_markdown_cell(
+        "# A notebook with no marks\n\n"
+        "The quickstart marks its definition cells with `%%distribute define`. They are optional: before a training "
+        "cell runs, nbdist finds what it uses that the engines lack (modules, the notebook's functions and classes, "
+        "data) and brings it, each worker only its shard of the arrays `fit` trains on. Marks still buy something: "
+        "a marked cell runs on the engines themselves, so data they can load there never crosses the network."),
+    new_code_cell("%load_ext nbdist\n%dist start -n 2"),
+    new_code_cell("import keras\nfrom nbdist.datasets import fashion_mnist"),
+    new_code_cell(
+        "(x, y), (x_test, y_test) = fashion_mnist(limit=12000)\n"
+        "x, x_test = x.astype(\"float32\") / 255, x_test.astype(\"float32\") / 255"),
+    new_code_cell(
+        "def build(hidden=128):\n"
+        "    return keras.Sequential([keras.Input((28, 28)), keras.layers.Flatten(),\n"
+        "                             keras.layers.Dense(hidden, activation=\"relu\"),\n"
+        "                             keras.layers.Dense(10, activation=\"softmax\")])"),
+    new_markdown_cell("An ordinary training cell, under `%%distribute`: two workers, asynchronous, through the "
+                      "parameter server."),
+    new_code_cell(
+        "%%distribute --strategy nfdt --workers 2 --seed 0\n"
+        "model = build()\n"
+        "model.compile(optimizer=keras.optimizers.SGD(0.05), loss=\"sparse_categorical_crossentropy\",\n"
+        "              metrics=[\"accuracy\"])\n"
+        "history = model.fit(x, y, batch_size=64, epochs=2, validation_data=(x_test, y_test))"),
+    new_code_cell(
+        "import nbdist\n"
+        "brought = nbdist.last_run.sent[\"brought\"]\n"
+        "print(\"brought:\", sorted(brought[\"names\"]), \"- one shard per worker:\", sorted(brought[\"sharded\"]))\n"
+        "accuracy = model.evaluate(x_test, y_test, verbose=0)[1]\n"
+        "assert accuracy > 0.75, accuracy"),
+    new_markdown_cell("Run the same cell again: the engines hold everything it uses, so nothing is sent."),
+    new_code_cell(
+        "%%distribute --strategy nfdt --workers 2 --seed 0\n"
+        "model = build()\n"
+        "model.compile(optimizer=keras.optimizers.SGD(0.05), loss=\"sparse_categorical_crossentropy\",\n"
+        "              metrics=[\"accuracy\"])\n"
+        "history = model.fit(x, y, batch_size=64, epochs=2, validation_data=(x_test, y_test))"),
+    new_code_cell(
+        "# NBVAL_CHECK_OUTPUT\n"
+        "print(\"bytes of data sent by the re-run:\", nbdist.last_run.sent[\"brought\"][\"data_bytes\"])"),
+    new_code_cell("%dist stop"),
+]
+
+
 def write(path: Path, cells) -> None:
     notebook = new_notebook(cells=cells, metadata={
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
@@ -344,3 +389,4 @@ if __name__ == "__main__":
     write(root / "03-async.ipynb", ASYNC)
     write(root / "04-ashl.ipynb", ASHL)
     write(root / "05-multi-host.ipynb", MULTI_HOST)
+    write(root / "06-no-marks.ipynb", NO_MARKS)

@@ -21,6 +21,8 @@ COMMON_OPTIONS = (
     Option("--progress", "how the run shows itself: a live dashboard (widgets), a text progress line, "
            "or nothing; auto (the default) picks the dashboard when a widget front end is connected",
            default="auto", choices=("auto", "dashboard", "text", "none")),
+    Option("--no-bring", "do not bring what the cell uses from the notebook to the engines (modules, functions, "
+           "data); only marked %%distribute define cells reach them", flag_only=True, default=False),
     Option("--background", "return at once with the Run (nbdist.last_run) while training goes on; "
            "%%dist wait blocks until it ends and installs the model", flag_only=True, default=False),
 )

@@ -144,6 +144,11 @@ class Strategy:
 
         return parse_clock(self.values.get("simulate"))[0]
 
+    def array_shards(self) -> bool:
+        """Whether every worker trains on the equal strided shard of the cell's arrays
+        (`sharding.shard_arrays`), so the notebook may send each worker only its shard."""
+        return False
+
     def choose_workers(self, available: list[int], workers: int | None, targets: list[int] | None) -> list[int]:
         """The engine ids this run trains on, from the idle engines `available` (sorted)."""
         if targets and workers is not None:

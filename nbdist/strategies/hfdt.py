@@ -212,6 +212,9 @@ class HfdtStrategy(Strategy):
         super().__init__(values)
         self.rendezvous: Rendezvous | None = None
 
+    def array_shards(self) -> bool:
+        return self.value("balance") != "auto"
+
     def prepare(self, run, cluster) -> dict:
         require_horovod()
         order, slots = host_plan([cluster.info(eid).host for eid in run.workers])

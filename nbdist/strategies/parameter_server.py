@@ -234,6 +234,9 @@ class PsStrategy(Strategy):
                 "simulate": [p.to_json() for p in profiles],
                 "virtual": {"step": step.to_json() if step else None} if clock == "virtual" else None}
 
+    def array_shards(self) -> bool:
+        return self.value("shards") != "speed" and self.worker_class.fit_data is PsWorker.fit_data
+
     def shard_settings(self, workers: int) -> dict:
         """How the shards treat pushes: the update rule (None: the cell's optimizer) and the release policy."""
         return {"max_staleness": self.value("max_staleness"), "rule": None, "synchronous": False,

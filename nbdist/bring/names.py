@@ -1,0 +1,132 @@
+"""Reading notebook code: the names a cell needs, what a definition refers to, where a name was bound.
+
+All of it works on Python source (IPython syntax already transformed) through `ast` and
+`symtable`, so a name used only as a local inside a function is never mistaken for one the
+notebook must provide.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import functools
+import symtable
+
+NOT_BROUGHT = set(dir(builtins)) | {"In", "Out", "get_ipython", "exit", "quit"}
+
+
+def needed_names(python: str) -> list[str]:
+    """The names a cell reads before it binds them, in order of first use (its top-level statements
+    one after another; names its functions and classes read from the module included)."""
+    try:
+        tree = ast.parse(python)
+    except SyntaxError:
+        return []
+    bound: set[str] = set()
+    needed: list[str] = []
+    for statement in tree.body:
+        if isinstance(statement, (ast.For, ast.AsyncFor)):  # the loop binds its target before the body reads it
+            bound |= {n.id for n in ast.walk(statement.target) if isinstance(n, ast.Name)}
+        table = symtable.symtable(ast.unparse(statement), "<cell>", "exec")
+        for name in _referenced_globals(table, include_assigned=True):
+            if name not in bound and name not in needed:
+                needed.append(name)
+        bound |= {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported()}
+    return [n for n in needed if n not in NOT_BROUGHT and not n.startswith("_")]
+
+
+def referenced_globals(source: str) -> list[str]:
+    """The module names a definition (def / class source) reads: decorators, bases, defaults, bodies."""
+    return [n for n in _referenced_globals(symtable.symtable(source, "<definition>", "exec"), include_assigned=False)
+            if n not in NOT_BROUGHT and not n.startswith("_")]
+
+
+def _referenced_globals(table, include_assigned: bool, top: bool = True) -> list[str]:
+    names = []
+    for symbol in table.get_symbols():
+        if not symbol.is_referenced():
+            continue
+        if top and (include_assigned or not (symbol.is_assigned() or symbol.is_imported())):
+            names.append(symbol.get_name())
+        elif not top and symbol.is_global():
+            names.append(symbol.get_name())
+    for child in table.get_children():
+        names += [n for n in _referenced_globals(child, include_assigned, top=False) if n not in names]
+    return names
+
+
+@functools.lru_cache(maxsize=1024)
+def bindings(python: str) -> dict[str, tuple[str, str | None]]:
+    """What a cell's top level binds: name -> ("import", the import line) | ("code", the def/class source
+    with its decorators) | ("value", None). The last binding of a name in the cell wins."""
+    try:
+        tree = ast.parse(python)
+    except SyntaxError:
+        return {}
+    lines = python.splitlines(True)
+    found: dict[str, tuple[str, str | None]] = {}
+    for statement in tree.body:
+        if isinstance(statement, (ast.Import, ast.ImportFrom)):
+            for alias in statement.names:
+                found.update(_import_binding(statement, alias))
+        elif isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            first = min([statement.lineno, *(d.lineno for d in statement.decorator_list)])
+            found[statement.name] = ("code", "".join(lines[first - 1:statement.end_lineno]))
+        else:
+            for node in ast.walk(statement):
+                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                    found[node.id] = ("value", None)
+    return found
+
+
+def _import_binding(statement, alias) -> dict[str, tuple[str, str]]:
+    if alias.name == "*":
+        return {}
+    if isinstance(statement, ast.Import):
+        name = alias.asname or alias.name.split(".")[0]
+        line = f"import {alias.name}" + (f" as {alias.asname}" if alias.asname else "")
+    else:
+        name = alias.asname or alias.name
+        line = (f"from {'.' * statement.level}{statement.module or ''} import {alias.name}"
+                + (f" as {alias.asname}" if alias.asname else ""))
+    return {name: ("import", line)}
+
+
+def last_binding(name: str, cells: list[tuple[int, str]]) -> tuple[int, str, str | None] | None:
+    """The last of `cells` ((index, python), oldest first) that binds `name`: (index, kind, source)."""
+    for index, python in reversed(cells):
+        found = bindings(python).get(name)
+        if found is not None:
+            return index, *found
+    return None
+
+
+FIT_ARRAYS = ("x", "y", "sample_weight")
+
+
+def fit_array_names(python: str) -> set[str]:
+    """Names the cell reads only as `fit`'s x, y, sample_weight or validation_data=(a, b[, w]), with no
+    validation_split: a worker of a strided-sharding strategy may hold just its shard of them."""
+    try:
+        tree = ast.parse(python)
+    except SyntaxError:
+        return set()
+    as_fit_array: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "fit"):
+            continue
+        keywords = {k.arg: k.value for k in node.keywords if k.arg}
+        if "validation_split" in keywords:
+            continue
+        arrays = [*node.args[:2], *(keywords[k] for k in FIT_ARRAYS if k in keywords)]
+        validation = keywords.get("validation_data")
+        if isinstance(validation, ast.Tuple):
+            arrays += validation.elts
+        for array in arrays:
+            if isinstance(array, ast.Name):
+                as_fit_array[array.id] = as_fit_array.get(array.id, 0) + 1
+    loads: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            loads[node.id] = loads.get(node.id, 0) + (1 if isinstance(node.ctx, ast.Load) else 1000)
+    return {name for name, uses in as_fit_array.items() if loads.get(name) == uses}

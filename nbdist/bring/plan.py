@@ -1,0 +1,110 @@
+"""What a training cell needs from the notebook that the engines lack, and how each part travels.
+
+Modules travel as the notebook's own import line; functions and classes defined in the
+notebook as their source (the def / class alone, not the rest of its cell, so replaying it
+has no side effects), followed through every module name they read; everything else as a
+value (cloudpickle, as ipyparallel sends), refused with the cell that made it when it cannot
+be copied to another process.
+"""
+
+from __future__ import annotations
+
+import inspect
+import io
+from dataclasses import dataclass
+from types import ModuleType
+
+from ..errors import OptionError
+from ..keras_bridge import is_dataset
+from .names import last_binding, needed_names, referenced_globals
+
+
+@dataclass
+class Item:
+    """One name to bring: kind "import" or "code" (source to run) or "value" (an object to send)."""
+
+    name: str
+    kind: str
+    source: str | None = None
+    value: object = None
+    cell: int | None = None  # the notebook cell (In[n]) that bound it
+
+
+def plan(python: str, namespace: dict, cells: list[tuple[int, str]], skip: set[str],
+         names: list[str] | None = None) -> list[Item]:
+    """The items to bring for a cell (`python`), or for `names` (`%dist push`), in the order to run them:
+    imports, values, then code with what it uses first.
+
+    `cells`: the notebook's cells ((index, python), oldest first); `skip`: names the engines get
+    otherwise (marked definition cells, models synchronised by `model_sync`)."""
+    items: dict[str, Item | None] = {}
+    code_order: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in items or name in skip or name not in namespace:
+            return
+        items[name] = None  # visiting (a definition may refer to itself)
+        value = namespace[name]
+        found = last_binding(name, cells)
+        cell = found[0] if found else None
+        if isinstance(value, ModuleType):
+            line = found[2] if found and found[1] == "import" else _import_line(name, value)
+            items[name] = Item(name, "import", source=line, cell=cell)
+        elif _defined_in_notebook(value) and found and found[1] == "code":
+            for dependency in referenced_globals(found[2]):
+                visit(dependency)
+            items[name] = Item(name, "code", source=found[2], cell=cell)
+            code_order.append(name)
+        else:
+            refuse_unsendable(name, value, cell, cells)
+            items[name] = Item(name, "value", value=value, cell=cell)
+
+    for name in (names if names is not None else needed_names(python)):
+        visit(name)
+    brought = [item for item in items.values() if item is not None]
+    return ([i for i in brought if i.kind == "import"] + [i for i in brought if i.kind == "value"]
+            + [items[n] for n in code_order])
+
+
+def _defined_in_notebook(value) -> bool:
+    return (inspect.isfunction(value) or inspect.isclass(value)) and getattr(value, "__module__", None) == "__main__"
+
+
+def _import_line(name: str, module: ModuleType) -> str:
+    return f"import {module.__name__}" + ("" if module.__name__ == name else f" as {name}")
+
+
+def refuse_unsendable(name: str, value, cell: int | None, cells: list[tuple[int, str]]) -> None:
+    """Raise an OptionError naming the cell that made `value` when it cannot be copied to an engine."""
+    why = _unsendable(value)
+    if why is None:
+        return
+    where = f"cell [{cell}]" if cell is not None else "a cell of this notebook"
+    first = next((p.strip().splitlines()[0] for i, p in cells if i == cell and p.strip()), "")
+    raise OptionError(
+        f"the training cell uses `{name}`, which cannot be sent to the engines: {why}. It was made in {where}"
+        + (f" ({first[:60]!r})" if first else "") + ". Put that cell under %%distribute define so every engine "
+        "makes its own, or give the engines data they can read (arrays, or files every host sees).")
+
+
+def _unsendable(value) -> str | None:
+    if inspect.isgenerator(value) or inspect.isasyncgen(value):
+        return "it is a generator (one cannot be copied half-way through)"
+    if isinstance(value, io.IOBase):
+        return "it is an open file of this process"
+    if is_dataset(value):
+        return "it is a tf.data.Dataset (a pipeline cannot be copied to another process)"
+    if _is_array_like(value):
+        return None
+    try:
+        import cloudpickle
+
+        cloudpickle.dumps(value)
+    except Exception as exc:  # noqa: BLE001 - any reason pickling fails is the reason to give
+        return f"it cannot be pickled ({type(exc).__name__}: {str(exc)[:120]})"
+    return None
+
+
+def _is_array_like(value) -> bool:
+    module = type(value).__module__.split(".")[0]
+    return module in ("numpy", "pandas")

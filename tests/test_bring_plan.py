@@ -1,0 +1,60 @@
+"""What a training cell needs from the notebook, read from source (no cluster): free names, what a
+definition refers to, where a name was bound, which arrays only `fit` reads, and the plan's order."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from nbdist.bring import plan
+from nbdist.bring.names import bindings, fit_array_names, needed_names, referenced_globals
+from nbdist.errors import OptionError
+
+
+def test_a_cell_needs_what_it_reads_before_binding_it():
+    cell = ("x = x / 255\nmodel = build(HIDDEN)\nfor i in range(3):\n    print(i)\n"
+            "def helper(a):\n    local = 1\n    return a + local + G\nmodel.fit(x, y, callbacks=[cb])\n")
+    assert needed_names(cell) == ["x", "build", "HIDDEN", "G", "y", "cb"]  # not i, local, model, print
+
+
+def test_a_definition_refers_to_its_decorators_bases_and_the_globals_of_its_body():
+    source = ("@register\nclass Scale(keras.layers.Layer):\n    factor = FACTOR\n"
+              "    def call(self, x):\n        y = helper(x)\n        return np.sum(y)\n")
+    assert sorted(referenced_globals(source)) == ["FACTOR", "helper", "keras", "np", "register"]
+
+
+def test_bindings_keep_import_lines_and_definition_sources():
+    found = bindings("import numpy as np, keras\nfrom keras import layers as L\nx, (y, z) = 1, (2, 3)\n"
+                     "@d\ndef f():\n    pass\n")
+    assert found["np"] == ("import", "import numpy as np") and found["keras"] == ("import", "import keras")
+    assert found["L"] == ("import", "from keras import layers as L")
+    assert found["y"] == ("value", None) and found["f"] == ("code", "@d\ndef f():\n    pass\n")
+
+
+def test_only_arrays_the_cell_reads_as_fit_data_may_travel_as_shards():
+    assert fit_array_names("model.fit(x, y, validation_data=(xt, yt))\nprint(xt.shape)") == {"x", "y", "yt"}
+    assert fit_array_names("model.fit(x, y, validation_split=0.1)") == set()  # Keras splits the whole
+    assert fit_array_names("x = x / 2\nmodel.fit(x, y)") == {"y"}
+
+
+def test_the_plan_brings_imports_values_then_code_with_what_it_uses_first():
+    cells = [(1, "import numpy as np\nimport os"), (2, "SCALE = 2.0\ndata = np.ones(3)"),
+             (3, "def inner(v):\n    return v * SCALE\n"), (4, "def outer(v):\n    return inner(np.asarray(v))\n")]
+    namespace = {"np": np, "os": types.ModuleType("os"), "SCALE": 2.0, "data": np.ones(3)}
+    for _, source in cells[2:]:
+        exec(source, namespace)
+        namespace[source.split("(")[0][4:]].__module__ = "__main__"
+    items = plan("outer(data)", namespace, cells, skip=set())
+    assert [(i.name, i.kind, i.cell) for i in items] == [("np", "import", 1), ("SCALE", "value", 2),
+                                                         ("data", "value", 2), ("inner", "code", 3),
+                                                         ("outer", "code", 4)]
+    assert items[0].source == "import numpy as np"
+    assert plan("outer(data)", namespace, cells, skip={"data", "outer"}) == []
+
+
+def test_a_generator_is_refused_naming_its_cell():
+    cells = [(7, "stream = (i for i in range(3))")]
+    with pytest.raises(OptionError, match=r"`stream`.*generator.*cell \[7\].*%%distribute define"):
+        plan("next(stream)", {"stream": (i for i in range(3))}, cells, skip=set())
