@@ -16,6 +16,10 @@ from .netroute import address_towards_cluster
 from .telemetry import make_record
 
 POLL_S = 0.25
+# A worker that fails because a peer failed (Horovod's ring shut down) often reports first; the others get this
+# long to report the failure that caused it.
+CAUSE_GRACE_S = 10.0
+COLLATERAL = ("Horovod has been shut down",)
 STOP_TIMEOUT_S = 20  # engines get this long to stop after an interrupt before we give up waiting
 _run_ids = itertools.count(1)
 
@@ -274,9 +278,12 @@ class Background:
 
 def _wait(run: Run, cluster: ClusterHandle, strategy, pending: dict, on_progress) -> None:
     waiting = dict(pending)
+    collateral: tuple[errors.EngineFailure, float] | None = None  # a peer's consequence, raised if no cause comes
     while waiting:
         if run.stop_requested:
             raise KeyboardInterrupt
+        if collateral is not None and time.time() > collateral[1]:
+            raise collateral[0]
         next(iter(waiting.values())).wait(POLL_S)
         alive = set(cluster.ids())
         for eid, ar in list(waiting.items()):
@@ -299,9 +306,15 @@ def _wait(run: Run, cluster: ClusterHandle, strategy, pending: dict, on_progress
                 run.events.append({"t": time.time(), "event": "worker_died", "engine": eid,
                                    "rank": run.workers.index(eid), "host": cluster.info(eid).host,
                                    "after_s": round(time.time() - run.started_at, 2)})
+            except errors.EngineFailure as exc:
+                if not any(marker in str(exc) for marker in COLLATERAL):
+                    raise
+                collateral = collateral or (exc, time.time() + CAUSE_GRACE_S)
         strategy.check(run)
         if on_progress is not None:
             on_progress(run)
+    if collateral is not None:
+        raise collateral[0]
 
 
 def _result(run: Run, cluster: ClusterHandle, eid: int, ar) -> list[FitResult]:

@@ -49,6 +49,11 @@ class KernelDriver:
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=True)
 
+    @property
+    def pid(self) -> int:
+        """The kernel process's pid (readable while a cell runs, unlike anything asked of the kernel)."""
+        return self.km.provisioner.pid
+
     def submit(self, code: str) -> str:
         return self.kc.execute(code)
 

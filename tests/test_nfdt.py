@@ -7,6 +7,7 @@ import signal
 import time
 
 import numpy as np
+import psutil
 import pytest
 
 from nbdist.ps import checkpoint
@@ -85,7 +86,9 @@ def test_ps_killed_fails_fast_with_the_checkpoint_then_resume_continues_from_it(
                            f"--checkpoint-dir {tmp_path}\n" + cell)
     kernel.collect(msg_id, timeout=180, until_output="step")
     saved = kernel_checkpoint(tmp_path)
-    os.kill(kernel.value("nbdist.last_run.services[0]['pid']"), signal.SIGKILL)  # the shard this run started
+    # the shard this run started: the kernel's one child running a shard (the kernel is busy with the cell)
+    shard, = [p for p in psutil.Process(kernel.pid).children() if "nbdist.ps.server" in " ".join(p.cmdline())]
+    shard.kill()
     killed_at = time.time()
     reply = kernel.collect(msg_id, timeout=60)
     assert reply.status == "error" and reply.ename == "ParameterServerFailed", reply.error_text
