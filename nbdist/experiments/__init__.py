@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from .cells import DATA, MODELS, QUICK, SETUPS, TRAIN
 from .cli import compare, main, parse_args
-from .grid import Row, notebook_shell, parse_rows, run_grid, run_one, time_to_target
+from .grid import Row, epoch_times, notebook_shell, parse_rows, run_grid, run_one, time_to_target
 from .tables import ddc_result_lines, markdown, result_lines, summarise
 
-__all__ = ["DATA", "MODELS", "QUICK", "Row", "SETUPS", "TRAIN", "compare", "ddc_result_lines", "main", "markdown",
-           "notebook_shell", "parse_args", "parse_rows", "result_lines", "run_grid", "run_one", "summarise",
-           "time_to_target"]
+__all__ = ["DATA", "MODELS", "QUICK", "Row", "SETUPS", "TRAIN", "compare", "ddc_result_lines", "epoch_times", "main",
+           "markdown", "notebook_shell", "parse_args", "parse_rows", "result_lines", "run_grid", "run_one",
+           "summarise", "time_to_target"]
