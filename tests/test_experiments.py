@@ -74,7 +74,7 @@ def test_the_ddc_claim_lines_come_from_the_rows_means():
 
     summary = [{"label": label, "accuracy_mean": acc} for label, acc in
                (("local", 0.85), ("asgd:momentum=0", 0.80), ("asgd", 0.10), ("dc-asgdk", 0.81), ("ddc-asgd", 0.83))]
-    assert ddc_result_lines(summary) == ["RESULT ddc_minus_asgd_pts=2.00", "RESULT ddc_minus_dcasgdk_pts=2.00",
+    assert ddc_result_lines(summary) == ["RESULT ddc_minus_asgd_pts=3.00", "RESULT ddc_minus_dcasgdk_pts=2.00",
                                          "RESULT ddc_gap_closed=0.500"]
 
 
