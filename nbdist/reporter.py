@@ -7,7 +7,7 @@ import time
 
 import keras
 
-from .telemetry import make_record
+from .telemetry import WindowedRate, make_record
 
 
 class ProgressReporter(keras.callbacks.Callback):
@@ -36,14 +36,13 @@ class ProgressReporter(keras.callbacks.Callback):
         self.steps = 0
         self._samples = 0
         self._epoch = 0
-        self._last_t = 0.0
-        self._last_samples = 0
+        self._rate = WindowedRate()
 
     def _batch(self):
         return self.batch_size() if callable(self.batch_size) else self.batch_size
 
     def on_train_begin(self, logs=None):
-        self._last_t, self.wall_last = self.clock(), time.time()
+        self.wall_last = time.time()
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -55,6 +54,8 @@ class ProgressReporter(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self.steps += 1
         self._samples += self._batch() or 0
+        if self.steps == 1:  # the rate counts from the first step's end, so tracing is not in it
+            self._rate.add(self.clock(), self._samples)
         wall = time.time()  # records go out at most every interval_s of wall time, whatever the clock
         if wall - self.wall_last >= self.interval_s:
             self.wall_last = wall
@@ -65,17 +66,16 @@ class ProgressReporter(keras.callbacks.Callback):
 
     def _emit(self, now, logs, batch_in_epoch, epoch_end=False):
         logs = logs or {}
-        elapsed = max(now - self._last_t, 1e-9)
         measured = self.batch_size is not None
+        rate = self._rate.add(now, self._samples) if measured and self.steps > 1 else None
         record = make_record(
             run=self.run_id, worker=self.worker, host=self.host, step=self.steps, epoch=self._epoch, t=now,
             loss=_float(logs.get("loss")), samples=self._samples if measured else None,
-            samples_per_s=(self._samples - self._last_samples) / elapsed if measured else None,
+            samples_per_s=rate,
             **{"staleness": 0, "lr": _learning_rate(self.model), "phase": self.phase,
                **(self.extra() if self.extra is not None else {})},
         )
         self.records.append(record)
-        self._last_t, self._last_samples = now, self._samples
         if self.publish is not None:
             self.publish({"record": record, "batch_size": self._batch(), "epochs": self.params.get("epochs"),
                           "steps": self.params.get("steps"), "batch": batch_in_epoch, "epoch_end": epoch_end,

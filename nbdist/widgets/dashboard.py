@@ -59,7 +59,8 @@ class Dashboard:
         self.panels = figures_of(self.reports.panels)
         self.workers = list(range(len(run.workers)))
         self.series = {(p.name, k): Series() for p in self.panels for k in self.workers}
-        self.overall = {"global loss": Series(), "validation loss": Series()}  # drawn on the loss panel
+        # drawn on the loss panel, and (when the strategy reports throughput) on the throughput panel
+        self.overall = {"global loss": Series(), "validation loss": Series(), "all workers": Series()}
         self.last_seen: dict[int, float] = {}
         self.last_t = 0.0
         self.control_state: dict = {}
@@ -95,6 +96,10 @@ class Dashboard:
                                     line={"color": "black", "dash": "dash"}), row=1, col=1)
         figure.add_trace(go.Scatter(name="validation loss (epoch ends)", mode="markers",
                                     marker={"color": "black", "symbol": "x"}), row=1, col=1)
+        names = [p.name for p in self.panels]
+        row, col = divmod(names.index("throughput"), 2) if "throughput" in names else (0, 0)
+        figure.add_trace(go.Scatter(name="all workers (samples/s)", mode="lines", visible="throughput" in names,
+                                    line={"color": "black", "dash": "dot"}), row=row + 1, col=col + 1)
         figure.update_layout(height=260 * rows + 80, margin={"t": 40, "b": 30}, barmode="overlay",
                              legend={"orientation": "h"})
         return figure
@@ -150,6 +155,9 @@ class Dashboard:
                 self.overall["global loss"].add(x, statistics.mean(latest_losses))
             if latest.get("epoch_end"):
                 self.overall["validation loss"].add(x, (latest.get("logs") or {}).get("val_loss"))
+            if ("throughput", k) in self.series and record.get("samples_per_s") is not None:
+                rates = [self.series[("throughput", j)].y[-1] for j in self.workers if self.series[("throughput", j)].y]
+                self.overall["all workers"].add(x, sum(rates))
 
     def _take_pushes(self, run) -> None:
         from ..run import log_rows
@@ -192,14 +200,16 @@ class Dashboard:
             latest_t = max((p.get("record") or {}).get("t") or 0 for p in run.progress.values()) if run.progress else 0
             elapsed = max(0.0, latest_t - (run.started_at or self.started))
         else:
-            elapsed = now - (run.started_at or self.started)
+            elapsed = (run.ended_at or now) - (run.started_at or self.started)
+        title = f"<b>run {run.id}</b> · {html.escape(run.strategy)} on {len(run.workers)} worker(s)"
+        if run.status not in ("pending", "running"):
+            return f"{title} · {html.escape(ended_how(run))} · {elapsed:.1f} {unit} in all"
         eta = f"{elapsed * (1 - done) / done:.0f} {unit}" if done > 0.02 else "-"
         record = run.latest(0).get("record") or {}
         state = self.control_state
         phase = ("paused" if state.get("paused") else "stopping" if state.get("finishing")
                  else record.get("phase") or "train")
-        return (f"<b>run {run.id}</b> · {html.escape(run.strategy)} on {len(run.workers)} worker(s) · phase "
-                f"<b>{phase}</b> · {run.status} · elapsed {elapsed:.0f} {unit} · ETA {eta} · {done:.0%}")
+        return f"{title} · phase <b>{phase}</b> · elapsed {elapsed:.0f} {unit} · ETA {eta} · {done:.0%}"
 
     def _node_table(self, run, now: float) -> str:
         rates = {k: self.series[("throughput", k)].y[-1] for k in self.workers
@@ -238,3 +248,17 @@ class Dashboard:
 
         self.figure.close()
         display(self.static)
+
+
+def ended_how(run) -> str:
+    """How an ended run ended, in words: done, stopped at epoch e of E, interrupted, or failed and why."""
+    if run.status == "failed":
+        return f"failed: {run.error}"
+    if run.status == "interrupted":
+        return "interrupted"
+    latest = run.latest(0)
+    epochs, record = latest.get("epochs"), latest.get("record") or {}
+    finished = latest.get("epoch_end") and (record.get("epoch") or 0) + 1 >= (epochs or 0)
+    if epochs and not finished:
+        return f"stopped at epoch {(record.get('epoch') or 0) + 1} of {epochs}"
+    return "done"

@@ -1,0 +1,92 @@
+"""The dashboard as a widget model, no browser: which figures each strategy gets, every axis titled with
+its unit, one steady throughput estimator, and an ended run that says how it ended."""
+
+from __future__ import annotations
+
+import pytest
+
+from nbdist.run import Run
+from nbdist.strategies import REGISTRY
+from nbdist.telemetry import WindowedRate
+
+ASYNC_PS = {"nfdt", "asgd", "adsp", "dc-asgd", "dc-asgd-a", "dc-asgdk", "ddc-asgd", "ashl"}
+DELAY_RULES = {"dc-asgd", "dc-asgd-a", "dc-asgdk", "ddc-asgd", "ashl"}
+
+
+def dashboard_of(strategy: str, **run_fields):
+    from nbdist.widgets.dashboard import Dashboard
+
+    return Dashboard(Run(strategy=strategy, options={}, workers=[0, 1], cell="", **run_fields), display=lambda box: None)
+
+
+@pytest.mark.parametrize("strategy", sorted(REGISTRY))
+def test_each_strategy_gets_only_the_figures_it_can_fill(strategy):
+    names = [p.name for p in dashboard_of(strategy).panels]
+    expected = ["loss", "throughput"]
+    if strategy in ASYNC_PS:
+        expected += ["staleness", "staleness distribution"]
+    if strategy in DELAY_RULES:
+        expected += ["gamma", "compensation"]
+    assert names == expected
+
+
+@pytest.mark.parametrize("strategy", ["local", "ddc-asgd"])
+def test_every_axis_says_what_it_measures(strategy):
+    layout = dashboard_of(strategy).figure.layout
+    axes = [name for name in layout if name.startswith(("xaxis", "yaxis"))]
+    assert len(axes) == 2 * len(dashboard_of(strategy).panels)
+    titles = {name: layout[name].title.text for name in axes}
+    assert all(titles.values()), titles
+    assert titles["xaxis"] == "seconds since the run started" and titles["yaxis"] == "loss"
+    assert titles["yaxis2"] == "samples/s"
+
+
+def test_axes_say_virtual_seconds_on_the_virtual_clock():
+    from nbdist.widgets.dashboard import Dashboard
+
+    run = Run(strategy="asgd", options={"simulate": "clock=virtual; step=5ms"}, workers=[0], cell="")
+    layout = Dashboard(run, display=lambda box: None).figure.layout
+    assert layout.xaxis.title.text == "virtual seconds since the run started"
+    assert layout.yaxis3.title.text == "versions"
+
+
+def test_the_windowed_rate_of_a_steady_stream_is_steady_across_an_epoch_end():
+    # 1,000 samples/s in whole batches of 64; a record every 0.5 s, and at each epoch's end (every 5 s) one more
+    # 10 ms after the last: over that 10 ms interval alone the rate reads 0 (no batch finished in it)
+    def samples_at(t):
+        return 64 * int(t * 1000 / 64)
+
+    times = []
+    for i in range(1, 41):
+        times += [i * 0.5] + ([i * 0.5 + 0.01] if i % 10 == 0 else [])
+    rate = WindowedRate(window_s=2.0)
+    seen = [(t, rate.add(t, samples_at(t))) for t in times]
+    assert seen[0][1] is None
+    for t, value in seen[4:]:  # once the window is full
+        assert value == pytest.approx(1000, rel=0.05), (t, value)
+
+
+def test_the_rate_spans_the_window_not_the_last_interval():
+    rate = WindowedRate(window_s=2.0)
+    assert rate.add(0.0, 0) is None
+    assert rate.add(1.0, 100) == 100
+    assert rate.add(2.0, 200) == 100
+    assert rate.add(2.01, 300) == pytest.approx(300 / 2.01)  # a burst moves the rate by its share of the window
+    assert rate.add(3.0, 300) == pytest.approx(200 / 2.0)  # the window now starts at t = 1
+
+
+def progress_at(epoch: int, epochs: int, epoch_end: bool) -> dict:
+    return {"record": {"epoch": epoch, "t": 1.0}, "epochs": epochs, "steps": 10, "batch": 10, "epoch_end": epoch_end}
+
+
+@pytest.mark.parametrize("status, progress, error, says", [
+    ("done", progress_at(4, 5, True), None, "done"),
+    ("done", progress_at(0, 5, True), None, "stopped at epoch 1 of 5"),
+    ("failed", progress_at(0, 5, False), "EngineFailure: injected [on engine 1]", "failed: EngineFailure: injected"),
+    ("interrupted", progress_at(2, 5, False), None, "interrupted"),
+])
+def test_an_ended_run_says_how_it_ended_and_its_time_never_an_eta(status, progress, error, says):
+    dashboard = dashboard_of("nfdt", status=status, started_at=100.0, ended_at=112.5, error=error)
+    dashboard.run.progress = {0: progress}
+    header = dashboard._header(dashboard.run, now=200.0)
+    assert says in header and "12.5 s in all" in header and "ETA" not in header
