@@ -20,7 +20,8 @@ def test_background_run_with_dashboard_obeys_every_control(kernel, cluster):
     kernel.run("run = nbdist.last_run; d = run.display").check()
     # nfdt's four panels (loss, throughput, staleness and its distribution), a trace per node in each,
     # and the loss and staleness traces of both nodes fill up
-    assert kernel.value("len(d.figure.data)") == 4 * 2 + 2  # a trace per node and panel, global and validation
+    assert kernel.value("len(d.figure.data)") == 4 * 2 + 3  # a trace per node and panel; global and validation
+    # loss; all workers' throughput
     eventually(kernel, "all(len(d.trace(p, k).y or ()) > 0 for p in ('loss', 'staleness') for k in (0, 1))")
 
     kernel.run("import time; t0 = time.time(); d.pause_button.click(); pause_s = time.time() - t0").check()
@@ -42,13 +43,14 @@ def test_background_run_with_dashboard_obeys_every_control(kernel, cluster):
         "'same': all((a == b).all() for a, b in zip(model.get_weights(), run.weights)), "
         "'lrs': sorted({round(e[-1], 6) for e in run.ps[0]['log'] if e[3] > lr_at + 1}), "
         "'evicted_pushes_after': run.ps[0]['workers']['1']['pushed'], 'events': [e['event'] for e in run.events], "
-        "'static': len(d.static.data)}")
+        "'static': len(d.static.data), 'header': d.header.value}")
     assert result["status"] == "done" and 0 < result["epochs"] < 200  # stopped early, History closed
     assert result["weights"] > 0 and result["same"]
     assert result["lrs"] == [0.025]  # 0.05 x the dashboard's 0.5
     assert {"control:pause", "control:resume", "control:lr_scale", "control:evict", "control:stop"} <= set(
         result["events"])
-    assert result["static"] == 10  # the final state as a static figure
+    assert result["static"] == 11  # the final state as a static figure, every trace of the live one
+    assert f"stopped at epoch {result['epochs']} of 200" in result["header"] and "ETA" not in result["header"]
 
 
 def test_controls_on_a_finished_run_say_why_not(kernel):
