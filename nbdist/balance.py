@@ -53,3 +53,12 @@ def steps_per_epoch(shard_samples: int, batch: int) -> int:
         raise OptionError(f"this rank's share of {shard_samples} samples is less than its balanced batch of {batch}; "
                           "use a smaller batch_size, more data or fewer workers.")
     return shard_samples // batch
+
+
+def whole_batches(data: dict, samples: int) -> dict:
+    """The training arrays of `data` (x, y, sample_weight; nested structures too) cut to their first
+    `samples`, so an epoch is exactly samples / batch steps."""
+    import keras
+
+    return {key: keras.tree.map_structure(lambda a: a[:samples], data[key])
+            for key in ("x", "y", "sample_weight") if data.get(key) is not None}

@@ -81,7 +81,7 @@ def test_engine_killed_mid_run_fails_fast_and_next_hfdt_cell_works(kernel, clust
 
 
 def test_balance_auto_sizes_batches_by_speed_and_the_slow_rank_no_longer_sets_the_pace(kernel):
-    cell = TRAIN.format(epochs=1).replace("batch_size=64", "batch_size=32")
+    cell = TRAIN.format(epochs=2).replace("batch_size=64", "batch_size=32")
     times = {}
     for balance in ("none", "auto"):
         kernel.run(f'%%distribute --strategy hfdt --workers 2 --balance {balance} --simulate "speed=1,0.5; '
@@ -95,8 +95,9 @@ def test_balance_auto_sizes_batches_by_speed_and_the_slow_rank_no_longer_sets_th
         assert steps[0] == steps[1]  # the same steps on both ranks, or the allreduce would deadlock
     # (1 ms + 50 us b) / s equal with b0 + b1 = 64: b = 49.33, 14.67 -> 49, 15 (largest remainder)
     assert batches == [(0, 49), (1, 15)]
-    # a step costs the slower rank's compute: max(3.45, 3.5) ms balanced, 31 steps of 64 (shares of 1531 and
-    # 469 samples); 2 x 2.6 ms with equal batches, 32 steps (1000 samples a rank, the last batch partial)
-    assert times["auto"] == pytest.approx(31 * 0.0035, rel=1e-6)
-    assert times["none"] == pytest.approx(32 * 0.0052, rel=1e-6)
-    assert kernel.value("len(history.history['loss'])") == 1
+    # a step costs the slower rank's compute: max(3.45, 3.5) ms balanced, 31 steps of 64 an epoch (shares of
+    # 1531 and 469 samples); 2 x 2.6 ms with equal batches, 32 steps (1000 samples a rank, the last batch partial)
+    # two epochs, each of all those steps (an epoch of the few steps left over would end sooner)
+    assert times["auto"] == pytest.approx(2 * 31 * 0.0035, rel=1e-6)
+    assert times["none"] == pytest.approx(2 * 32 * 0.0052, rel=1e-6)
+    assert kernel.value("len(history.history['loss'])") == 2

@@ -168,11 +168,16 @@ class HfdtWorker(Worker):
         return balance.balanced_batches(costs, batch)
 
     def _balanced_data(self, hvd, request, batches: list[int]) -> dict:
-        """This rank's share of the data in proportion to its batch; every rank makes the same steps."""
+        """This rank's share of the data in proportion to its batch; every rank makes the same steps.
+
+        Arrays are cut to whole batches of the fewest steps of all ranks, rather than passing
+        steps_per_epoch: Keras carries an array iterator's remainder into the next epoch then, so every
+        other epoch would be the few steps left over."""
         data = shard_fit_data(request, self.rank, self.size, synchronous=True, fractions=[float(b) for b in batches])
         if data["steps_per_epoch"] is None:
             own = balance.steps_per_epoch(len(data["x"]), batches[self.rank])
-            data["steps_per_epoch"] = min(hvd.allgather_object(own, name="nbdist_balance_steps"))
+            steps = min(hvd.allgather_object(own, name="nbdist_balance_steps"))
+            data = {**data, **balance.whole_batches(data, steps * batches[self.rank])}
         return {**data, "batch_size": batches[self.rank]}
 
     def _lr_callbacks(self, optimizer) -> list:
