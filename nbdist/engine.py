@@ -166,6 +166,19 @@ def receive_value(name: str, digest: str, value, pickled: bool = False, shard: t
     namespace.setdefault(NAMES_VAR, set()).add(name)
 
 
+def _seed(spec: dict) -> None:
+    """--seed on every engine; on the virtual clock also deterministic ops (same seed and spec: same weights)."""
+    if spec.get("seed") is None:
+        return
+    import keras
+
+    keras.utils.set_random_seed(spec["seed"])
+    if (spec.get("config") or {}).get("virtual") is not None:
+        import tensorflow as tf
+
+        tf.config.experimental.enable_op_determinism()
+
+
 def run_training_cell(spec: dict) -> list:
     """Run the training cell with `fit` replaced by the strategy's worker; return one result per fit.
 
@@ -202,14 +215,7 @@ def run_training_cell(spec: dict) -> list:
                                          states, worker.files_written))
         return history
 
-    if spec.get("seed") is not None:
-        import keras
-
-        keras.utils.set_random_seed(spec["seed"])
-        if (spec.get("config") or {}).get("virtual") is not None:  # same seed and spec: the same weights
-            import tensorflow as tf
-
-            tf.config.experimental.enable_op_determinism()
+    _seed(spec)
     with worker.cell_context(), intercept_fit(handler):
         _run_source(spec["cell"], f"<nbdist training cell, run {spec['run']}>")
     if not results:

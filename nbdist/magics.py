@@ -88,9 +88,12 @@ class NbdistMagics(Magics):
         _refuse_unused(self.dist.parser, args)
         if args.names and args.action != "push":
             raise UsageError(f"%dist {args.action} takes no names ({' '.join(args.names)}); see %dist?")
-        session = self.session
         if args.kernel_gpu and (notice := gpus.give_to_kernel()):
             print(notice)
+        self._dist_action(args)
+
+    def _dist_action(self, args) -> None:
+        session = self.session
         if args.action == "start":
             n = 2 if args.n is None else args.n
             if n < 1:
