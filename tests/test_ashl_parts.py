@@ -64,6 +64,14 @@ def test_each_switch_condition_fires_on_its_own_at_the_second_check():
     assert run_checks(late)[1].startswith("65% of the epochs done")
 
 
+def test_checks_at_epoch_ends_switch_where_half_epoch_checks_would():
+    # 4 epochs: 60% is epoch 2.4; half-epoch checks see it at 2.5 and 3.0 and switch at 3.0
+    halves = [Check(epoch=e / 2, epochs=4, loss=2.0 - e / 10) for e in range(1, 9)]
+    assert [i for i, r in enumerate(run_checks(halves)) if r] == [5, 6, 7]  # epochs 3.0, 3.5, 4.0
+    ends = [Check(epoch=e, epochs=4, loss=2.0 - e / 5) for e in (1, 2, 3, 4)]
+    assert run_checks(ends)[:3] == [None, None, "75% of the epochs done (>= 60%)"]
+
+
 def test_no_switch_on_a_single_check_or_before_a_fifth_of_the_epochs():
     one = [Check(epoch=2.0, epochs=10, loss=1.0, lr_decayed=True), Check(epoch=2.5, epochs=10, loss=0.5)]
     assert run_checks(one) == [None, None]

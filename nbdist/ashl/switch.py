@@ -1,7 +1,7 @@
 """When ASHL leaves its asynchronous phase (AHL) for the synchronous one (SHL), with the reason.
 
-Checked every half epoch; the switch happens when one condition holds at two checks in a
-row, never before 20% of the epochs:
+Checked every half epoch (on the virtual clock at epoch ends, where the barrier holds every worker);
+the switch happens when one condition holds at two checks in a row, never before 20% of the epochs:
   - loss improvement under 1% per epoch,
   - more than 30% of the pushes since the last check had gamma < 0.5 (ddc-asgd judged them stale),
   - the first learning-rate decay is reached,
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+CHECK_EVERY_EPOCHS = 0.5
 MIN_PROGRESS = 0.20
 DONE_FRACTION = 0.60
 MIN_IMPROVEMENT_PER_EPOCH = 0.01
@@ -43,7 +44,11 @@ class SwitchRule:
         self.pending = reason
         if reason is None or now.epoch < MIN_PROGRESS * now.epochs:
             return None
-        return reason if held_before is not None else None
+        # the share of epochs done is arithmetic: past 60% half an epoch ago, it held at the check then, even
+        # where checks come a whole epoch apart (the virtual clock), so the switch lands where half-epoch
+        # checks would put it rather than an epoch later
+        done_before = now.epoch - CHECK_EVERY_EPOCHS >= DONE_FRACTION * now.epochs
+        return reason if held_before is not None or done_before else None
 
     def _condition(self, now: Check) -> str | None:
         if now.epoch >= DONE_FRACTION * now.epochs:
