@@ -20,8 +20,7 @@ def test_background_run_with_dashboard_obeys_every_control(kernel, cluster):
     kernel.run("run = nbdist.last_run; d = run.display").check()
     # nfdt's four panels (loss, throughput, staleness and its distribution), a trace per node in each,
     # and the loss and staleness traces of both nodes fill up
-    assert kernel.value("len(d.figure.data)") == 4 * 2 + 3  # a trace per node and panel; global and validation
-    # loss; all workers' throughput
+    assert kernel.value("len(d.figure.data)") == 4 * 2 + 2  # a trace per node and panel, global and validation
     eventually(kernel, "all(len(d.trace(p, k).y or ()) > 0 for p in ('loss', 'staleness') for k in (0, 1))")
 
     kernel.run("import time; t0 = time.time(); d.pause_button.click(); pause_s = time.time() - t0").check()
@@ -49,7 +48,7 @@ def test_background_run_with_dashboard_obeys_every_control(kernel, cluster):
     assert result["lrs"] == [0.025]  # 0.05 x the dashboard's 0.5
     assert {"control:pause", "control:resume", "control:lr_scale", "control:evict", "control:stop"} <= set(
         result["events"])
-    assert result["static"] == 11  # the final state as a static figure, every trace of the live one
+    assert result["static"] == 10  # the final state as a static figure, every trace of the live one
     assert f"stopped at epoch {result['epochs']} of 200" in result["header"] and "ETA" not in result["header"]
 
 

@@ -90,3 +90,12 @@ def test_an_ended_run_says_how_it_ended_and_its_time_never_an_eta(status, progre
     dashboard.run.progress = {0: progress}
     header = dashboard._header(dashboard.run, now=200.0)
     assert says in header and "12.5 s in all" in header and "ETA" not in header
+
+
+def test_the_node_table_shows_each_workers_rate_and_the_clusters_total():
+    dashboard = dashboard_of("nfdt", status="running", started_at=100.0)
+    dashboard.series[("throughput", 0)].add(1.0, 1200.0)
+    dashboard.series[("throughput", 1)].add(1.0, 800.0)
+    table = dashboard._node_table(dashboard.run, now=101.0)
+    assert "<th>samples/s</th>" in table and "<td>1,200</td>" in table and "<td>800</td>" in table
+    assert "<b>all workers</b></td><td><b>2,000</b>" in table

@@ -57,6 +57,6 @@ def test_the_dashboard_shows_its_panels_and_its_controls_only(echo):
     run = Run(strategy="echo-test", options={}, workers=[0], cell="")
     dashboard = Dashboard(run, display=lambda box: None)
     assert [p.name for p in dashboard.panels] == ["loss"]
-    assert len(dashboard.figure.data) == 1 + 3  # worker 0; the global and validation loss; all workers (hidden)
+    assert len(dashboard.figure.data) == 1 + 2  # worker 0, and the global and validation loss
     assert dashboard.stop_button.disabled is False and dashboard.pause_button.disabled is True
     assert dashboard.figure.layout.xaxis.title.text == "seconds since the run started"

@@ -60,7 +60,7 @@ class Dashboard:
         self.workers = list(range(len(run.workers)))
         self.series = {(p.name, k): Series() for p in self.panels for k in self.workers}
         # drawn on the loss panel, and (when the strategy reports throughput) on the throughput panel
-        self.overall = {"global loss": Series(), "validation loss": Series(), "all workers": Series()}
+        self.overall = {"global loss": Series(), "validation loss": Series()}
         self.last_seen: dict[int, float] = {}
         self.last_t = 0.0
         self.control_state: dict = {}
@@ -96,10 +96,6 @@ class Dashboard:
                                     line={"color": "black", "dash": "dash"}), row=1, col=1)
         figure.add_trace(go.Scatter(name="validation loss (epoch ends)", mode="markers",
                                     marker={"color": "black", "symbol": "x"}), row=1, col=1)
-        names = [p.name for p in self.panels]
-        row, col = divmod(names.index("throughput"), 2) if "throughput" in names else (0, 0)
-        figure.add_trace(go.Scatter(name="all workers (samples/s)", mode="lines", visible="throughput" in names,
-                                    line={"color": "black", "dash": "dot"}), row=row + 1, col=col + 1)
         figure.update_layout(height=260 * rows + 80, margin={"t": 40, "b": 30}, barmode="overlay",
                              legend={"orientation": "h"})
         return figure
@@ -155,9 +151,6 @@ class Dashboard:
                 self.overall["global loss"].add(x, statistics.mean(latest_losses))
             if latest.get("epoch_end"):
                 self.overall["validation loss"].add(x, (latest.get("logs") or {}).get("val_loss"))
-            if ("throughput", k) in self.series and record.get("samples_per_s") is not None:
-                rates = [self.series[("throughput", j)].y[-1] for j in self.workers if self.series[("throughput", j)].y]
-                self.overall["all workers"].add(x, sum(rates))
 
     def _take_pushes(self, run) -> None:
         from ..run import log_rows
@@ -223,12 +216,15 @@ class Dashboard:
                      "slow" if median and rates.get(k, median) < 0.5 * median else "running")
             seen = f"{now - self.last_seen[k]:.1f} s ago" if k in self.last_seen else "-"
             info = run.hosts.get(eid, {})
+            rate = f"{rates[k]:,.0f}" if k in rates else "-"
             rows.append(f"<tr><td>{k}</td><td>{eid}</td><td>{html.escape(str(info.get('host', '')))}</td>"
                         f"<td>{html.escape(', '.join(info.get('gpus') or []) or '-')}</td>"
-                        f"<td>{latest.get('batch_size') or '-'}</td>"
+                        f"<td>{latest.get('batch_size') or '-'}</td><td>{rate}</td>"
                         f"<td>{state}</td><td>{seen}</td></tr>")
-        return ("<table><tr><th>worker</th><th>engine</th><th>host</th><th>GPU</th><th>batch</th><th>state</th>"
-                "<th>last seen</th></tr>" + "".join(rows) + "</table>")
+        total = f"{sum(rates.values()):,.0f}" if rates else "-"
+        rows.append(f"<tr><td colspan='5'><b>all workers</b></td><td><b>{total}</b></td><td></td><td></td></tr>")
+        return ("<table><tr><th>worker</th><th>engine</th><th>host</th><th>GPU</th><th>batch</th><th>samples/s</th>"
+                "<th>state</th><th>last seen</th></tr>" + "".join(rows) + "</table>")
 
     def close(self) -> None:
         """The final state: last redraw, controls hidden (called where the run ends, any thread)."""
