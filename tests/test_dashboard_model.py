@@ -99,3 +99,13 @@ def test_the_node_table_shows_each_workers_rate_and_the_clusters_total():
     table = dashboard._node_table(dashboard.run, now=101.0)
     assert "<th>samples/s</th>" in table and "<td>1,200</td>" in table and "<td>800</td>" in table
     assert "<b>all workers</b></td><td><b>2,000</b>" in table
+
+
+def test_an_acknowledgement_reads_as_the_control_state_and_an_ended_run_lists_its_workers_done():
+    dashboard = dashboard_of("nfdt", status="done", started_at=100.0, ended_at=110.0)
+    dashboard.run.control = lambda action, value=None: [{"v": 2, "kind": "ok", "nonce": "ab12", "version": 481,
+                                                          "paused": False, "finishing": True, "evicted": []}]
+    dashboard.act("stop")
+    ack = dashboard.controls.ack.value
+    assert "version 481, paused False, finishing True, evicted []" in ack and "nonce" not in ack
+    assert dashboard._node_table(dashboard.run, now=111.0).count("<td>done</td>") == 2

@@ -27,6 +27,8 @@ from .panels import figures_of
 
 REFRESH_S = 0.5
 DECISIONS_SHOWN = 8
+# what an acknowledgement shows of the control state (not the wire's own fields: nonce, kind, ...)
+ACK_FIELDS = ("version", "paused", "finishing", "lr_scale", "max_staleness", "evicted", "synchronous")
 MAX_POINTS = 2000  # per trace; past it a series keeps every other point (memory stays bounded)
 COLOURS = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880")
 
@@ -80,7 +82,7 @@ class Dashboard:
     def _empty_figure(self) -> go.Figure:
         rows = max(1, (len(self.panels) + 1) // 2)
         figure = make_subplots(rows=rows, cols=2 if len(self.panels) > 1 else 1,
-                               subplot_titles=[p.title for p in self.panels], vertical_spacing=0.12)
+                               subplot_titles=[p.title for p in self.panels], vertical_spacing=0.2)
         for i, panel in enumerate(self.panels):
             row, col = divmod(i, 2)
             for k in self.workers:
@@ -118,7 +120,7 @@ class Dashboard:
             return []
         state = acks[0] if acks else {}
         when = datetime.datetime.now().strftime("%H:%M:%S")
-        shown = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in state.items() if k != "seq")
+        shown = ", ".join(f"{k.replace('_', ' ')} {state[k]}" for k in ACK_FIELDS if k in state)
         source = "the control bus" if REGISTRY[self.run.strategy].uses_control_bus else f"{len(acks)} shard(s)"
         self.controls.ack.value = (f"<b>{html.escape(action)}{'' if value is None else ' ' + html.escape(str(value))}"
                                    f"</b> acknowledged by {source} at {when}: {html.escape(shown)}")
@@ -213,6 +215,7 @@ class Dashboard:
         for k, eid in enumerate(run.workers):
             latest = run.progress.get(eid) or {}
             state = ("dead" if k in died else "evicted" if k in evicted else
+                     "done" if run.status not in ("pending", "running") else
                      "slow" if median and rates.get(k, median) < 0.5 * median else "running")
             seen = f"{now - self.last_seen[k]:.1f} s ago" if k in self.last_seen else "-"
             info = run.hosts.get(eid, {})
