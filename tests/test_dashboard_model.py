@@ -75,19 +75,25 @@ def test_the_rate_spans_the_window_not_the_last_interval():
     assert rate.add(3.0, 300) == pytest.approx(200 / 2.0)  # the window now starts at t = 1
 
 
-def progress_at(epoch: int, epochs: int, epoch_end: bool) -> dict:
-    return {"record": {"epoch": epoch, "t": 1.0}, "epochs": epochs, "steps": 10, "batch": 10, "epoch_end": epoch_end}
+def ended(status: str, epochs_done: int, error=None):
+    """A dashboard whose 5-epoch run ended after `epochs_done` epochs of History (rank 0's result)."""
+    from nbdist.keras_bridge import FitResult
 
-
-@pytest.mark.parametrize("status, progress, error, says", [
-    ("done", progress_at(4, 5, True), None, "done"),
-    ("done", progress_at(0, 5, True), None, "stopped at epoch 1 of 5"),
-    ("failed", progress_at(0, 5, False), "EngineFailure: injected [on engine 1]", "failed: EngineFailure: injected"),
-    ("interrupted", progress_at(2, 5, False), None, "interrupted"),
-])
-def test_an_ended_run_says_how_it_ended_and_its_time_never_an_eta(status, progress, error, says):
     dashboard = dashboard_of("nfdt", status=status, started_at=100.0, ended_at=112.5, error=error)
-    dashboard.run.progress = {0: progress}
+    dashboard.run.progress = {0: {"record": {"epoch": 0, "t": 1.0}, "epochs": 5, "steps": 10, "batch": 3}}
+    if epochs_done:
+        dashboard.run.results = {0: [FitResult([], [], {"loss": [1.0] * epochs_done}, {}, [])]}
+    return dashboard
+
+
+@pytest.mark.parametrize("status, epochs_done, error, says", [
+    ("done", 5, None, "done"),
+    ("done", 2, None, "stopped at epoch 2 of 5"),  # the last progress message said epoch 1: the History decides
+    ("failed", 0, "EngineFailure: injected [on engine 1]", "failed: EngineFailure: injected"),
+    ("interrupted", 0, None, "interrupted"),
+])
+def test_an_ended_run_says_how_it_ended_and_its_time_never_an_eta(status, epochs_done, error, says):
+    dashboard = ended(status, epochs_done, error)
     header = dashboard._header(dashboard.run, now=200.0)
     assert says in header and "12.5 s in all" in header and "ETA" not in header
 

@@ -255,9 +255,7 @@ def ended_how(run) -> str:
         return f"failed: {run.error}"
     if run.status == "interrupted":
         return "interrupted"
-    latest = run.latest(0)
-    epochs, record = latest.get("epochs"), latest.get("record") or {}
-    finished = latest.get("epoch_end") and (record.get("epoch") or 0) + 1 >= (epochs or 0)
-    if epochs and not finished:
-        return f"stopped at epoch {(record.get('epoch') or 0) + 1} of {epochs}"
-    return "done"
+    epochs = run.latest(0).get("epochs")  # what the fit asked for; the History says how far it got (the
+    # last progress message may still be on its way when the result is in)
+    done = len(next(iter(run.history.values()), []))
+    return f"stopped at epoch {done} of {epochs}" if epochs and done and done < epochs else "done"
