@@ -25,12 +25,12 @@ MIN_SHARE = 1 / 8  # no rank gets less than this part of an equal share of the g
 
 def own_cost(data: dict, model, batch: int, profile: Profile, step: StepCost | None) -> CostModel:
     """This rank's step-time line: exact on the virtual clock (`step` given), else timed on its data."""
-    if step is not None:
-        return CostModel(step.fixed_s / profile.speed, step.per_sample_s / profile.speed)
     x, y = data["x"], data.get("y")
-    if y is None or not hasattr(x, "__len__") or not hasattr(y, "__len__"):
+    if not isinstance(x, np.ndarray) or not isinstance(y, np.ndarray):
         raise OptionError("hfdt --balance auto times each rank's steps on numpy arrays and re-shards them by "
                           "speed; pass x and y as arrays, or use --balance none with this input.")
+    if step is not None:
+        return CostModel(step.fixed_s / profile.speed, step.per_sample_s / profile.speed)
     return profile_compute(model, np.asarray(x), np.asarray(y), batch, profile if profile.speed != 1 else None)
 
 
