@@ -19,6 +19,7 @@ kernel can say that a previous one left a cluster running (its watcher died with
 from __future__ import annotations
 
 import argparse
+import atexit
 import glob
 import json
 import os
@@ -41,6 +42,7 @@ RECORD_GLOB = "profile_*/security/nbdist-*.json"
 
 _active: weakref.WeakSet = weakref.WeakSet()  # the lifelines of this process
 _sigterm_installed = False
+_exit_hook_installed = False
 _warned = False  # in a watcher: whether its log has something worth keeping
 
 
@@ -60,7 +62,7 @@ class Lifeline:
     Args:
         process: the watcher's Popen (its stdin is the command pipe).
         record: the path of the cluster's nbdist record, or None (a connected cluster has none).
-        on_sigterm: what to run when this process gets SIGTERM (stop the cluster), or None.
+        on_sigterm: what stops the cluster when this process gets SIGTERM or exits with it running, or None.
     """
 
     def __init__(self, process: subprocess.Popen, record: str | None = None, on_sigterm=None):
@@ -100,6 +102,7 @@ class Lifeline:
             watcher = {"watcher_pid": process.pid, "watcher_started": _started(process.pid)}
             _write_json(record["path"], {**record, **watcher})
         if on_sigterm is not None:
+            _install_exit_hook()
             _install_sigterm_handler()
         return cls(process, record["path"] if record else None, on_sigterm)
 
@@ -175,14 +178,28 @@ def _install_sigterm_handler() -> None:
     _sigterm_installed = True
 
 
-def _on_sigterm(signum, frame):
+def _install_exit_hook() -> None:
+    """At interpreter exit (a script's end, an uncaught KeyboardInterrupt from SIGINT) the clusters this
+    process started stop the fast way, all processes signalled at once; registered after ipyparallel's own
+    exit hook, so it runs first and that hook, which waits on each process in turn, finds them gone."""
+    global _exit_hook_installed
+    if not _exit_hook_installed:
+        atexit.register(_stop_clusters, "at exit")
+        _exit_hook_installed = True
+
+
+def _stop_clusters(why: str) -> None:
     for line in list(_active):
-        callback = line.on_sigterm
+        callback, line.on_sigterm = line.on_sigterm, None
         if callback is not None:
             try:
                 callback()
-            except Exception as exc:  # still terminate: the watcher finishes what this could not
-                print(f"nbdist: stopping the cluster on SIGTERM: {exc}", file=sys.stderr)
+            except Exception as exc:  # still go on: the watcher finishes what this could not
+                print(f"nbdist: stopping the cluster {why}: {exc}", file=sys.stderr)
+
+
+def _on_sigterm(signum, frame):
+    _stop_clusters("on SIGTERM")
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 
