@@ -143,8 +143,11 @@ def test_kernel_killed_hard_takes_its_cluster_and_shards_with_it(reaper):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_script_stops_its_cluster_on_a_signal(reaper, sig):
+    # started as from a shell, with SIGINT's default action: a child inherits an ignored SIGINT (as this
+    # pytest process has it once earlier tests ran), and Python then never raises KeyboardInterrupt
     script = subprocess.Popen([sys.executable, "-c", SCRIPT], cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+                              stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     reaper.record([psutil.Process(script.pid)])
     try:
         started = json.loads(read_line(script, 120))
