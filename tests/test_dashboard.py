@@ -34,6 +34,8 @@ def test_background_run_with_dashboard_obeys_every_control(kernel, cluster):
     kernel.run("d.lr.value = 0.5; d.lr_button.click(); lr_at = run.control('resume')[0]['version']").check()
     kernel.run("d.evict_choice.value = 1; d.evict_button.click()").check()
     assert kernel.value("run.control('resume')[0]['evicted']") == [1]
+    # pushes at the new rate must reach the log before the stop, however fast the stop would come
+    eventually(kernel, "run.control('resume')[0]['version'] > lr_at + 3")
     kernel.run("d.stop_button.click()").check()
     kernel.run("%dist wait", timeout=120).check()
 
