@@ -210,9 +210,8 @@ def run_training_cell(spec: dict) -> list:
         timings = {"cell_start": spec.get("cell_start"), "engine_start": started,
                    "first_step": getattr(reporter, "first_step_t", None), "fit_end": time.time(),
                    "virtual_step": worker.virtual_step.text() if worker.virtual_step is not None else None}
-        states = callbacks.collect(request.callbacks, worker.callback_changes) if spec["rank"] == 0 else []
-        results.append(FitResult.collect(request.model, history, getattr(reporter, "records", ()), timings,
-                                         states, worker.files_written))
+        states = callbacks.collect(request.callbacks, worker.callback_changes) if worker.keeps_callbacks else []
+        results.append(worker.result(request, history, getattr(reporter, "records", ()), timings, states))
         return history
 
     _seed(spec)

@@ -71,6 +71,7 @@ class FitResult:
     timings: dict = field(default_factory=dict)
     callbacks: list = field(default_factory=list)  # each user callback's state after training (rank 0's)
     files: list = field(default_factory=list)  # where file-writing callbacks wrote: [{"callback", "path", "host"}]
+    parts: dict = field(default_factory=dict)  # a model-parallel worker's share: where its variables go, its timings
 
     @classmethod
     def collect(cls, model, history, records=(), timings=None, callbacks=(), files=()) -> "FitResult":

@@ -109,7 +109,8 @@ def digests(names: list[str]) -> dict:
     out = {}
     for name in names:
         model = namespace.get(name)
-        out[name] = (architecture(model), ModelState.of(model).digest()) if isinstance(model, keras.Model) else None
+        usable = isinstance(model, keras.Model) and not getattr(model, "_nbdist_released", False)  # (pipeline)
+        out[name] = (architecture(model), ModelState.of(model).digest()) if usable else None
     return out
 
 

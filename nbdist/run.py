@@ -19,7 +19,7 @@ POLL_S = 0.25
 # A worker that fails because a peer failed (Horovod's ring shut down) often reports first; the others get this
 # long to report the failure that caused it.
 CAUSE_GRACE_S = 10.0
-COLLATERAL = ("Horovod has been shut down",)
+COLLATERAL = ("Horovod has been shut down", "that engine stopped or died")
 STOP_TIMEOUT_S = 20  # engines get this long to stop after an interrupt before we give up waiting
 _run_ids = itertools.count(1)
 
@@ -39,6 +39,7 @@ class Run:
         events: what happened to the run besides training (a worker died, a checkpoint resumed), with times.
         checkpoint: the last parameter-server checkpoint ({"path", "version", "saved_at", "weights"}).
         ps: each parameter-server shard's counters and push log (PS strategies).
+        plan: how a model-parallel run split the model (`pipeline`: the cuts and each stage's layers).
         notes: what the user should know about the run (an effective momentum that risks divergence).
         sent: the bytes of notebook models sent to the engines before training, and to which engines.
         services: the processes the run started for itself (parameter-server shards), with their pids.
@@ -61,6 +62,7 @@ class Run:
     checkpoint: dict | None = None
     ps: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    plan: dict = field(default_factory=dict)  # how a model-parallel run split the model (pipeline: stages, cuts)
     hosts: dict[int, dict] = field(default_factory=dict)  # engine id -> {"host", "gpus"}
     sent: dict = field(default_factory=dict)  # what the kernel sent before training: {"model_bytes", "models",
     # "brought": {"names", "data_bytes", "sharded"}}

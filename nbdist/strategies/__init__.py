@@ -112,9 +112,10 @@ def _register_builtin() -> None:
     from .hfdt import HfdtStrategy
     from .local import LocalStrategy
     from .nfdt import NfdtStrategy
+    from .pipeline import PipelineStrategy
 
     STRATEGIES = (LocalStrategy, HfdtStrategy, NfdtStrategy, AsgdStrategy, DcAsgdStrategy, DcAsgdAdaptiveStrategy,
-                  DcAsgdKStrategy, DdcAsgdStrategy, SsgdStrategy, AdspStrategy, AshlStrategy)
+                  DcAsgdKStrategy, DdcAsgdStrategy, SsgdStrategy, AdspStrategy, AshlStrategy, PipelineStrategy)
     for cls in STRATEGIES:
         register(cls)
 

@@ -90,6 +90,17 @@ class Worker:
         """Train `request.model` as the strategy says; return the Keras `History`."""
         raise NotImplementedError
 
+    @property
+    def keeps_callbacks(self) -> bool:
+        """Whether this worker's callbacks hold the state the notebook's callbacks receive (rank 0's)."""
+        return self.rank == 0
+
+    def result(self, request, history, records, timings, states):
+        """What this worker sends back for one `fit`: the trained model, History, records (a `FitResult`)."""
+        from ..keras_bridge import FitResult
+
+        return FitResult.collect(request.model, history, records, timings, states, self.files_written)
+
     def cell_context(self):
         """A context the whole training cell runs in (device placement, say); none by default."""
         return contextlib.nullcontext()

@@ -1,0 +1,138 @@
+"""`--strategy pipeline` against `local` on the same engines: bubble, per-stage memory, throughput.
+
+One MLP on Fashion-MNIST, K = 2 stages, M in {1, 2, 4, 8} micro-batches (1F1B): each stage's
+measured idle fraction (1 - busy / step time) against the theory (K-1)/(M+K-1); each stage's
+variable + optimizer-slot bytes against a local run's; samples/s against `local` (2 cores cannot
+show a speed-up: this records the cost). Then a model with over 1 GB of variables trained for a
+few steps, K = 2, on fresh engines: each engine's peak resident memory against a local run's.
+
+    .venv/bin/python benchmarks/pipeline.py [--samples 4096 --batch 256 --epochs 3 --big-steps 3]
+
+Ends with:
+    RESULT pipeline_bubble_excess=<measured minus theory, at M=8>
+    RESULT pipeline_stage_memory_ratio=<largest stage's variable + slot bytes / local's>
+    RESULT pipeline_big_peak_rss_ratio=<largest stage engine's peak RSS / the local engine's, 1 GB model>
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import textwrap
+import time
+
+from common import notebook_shell, print_table
+
+DEFINITION = textwrap.dedent('''
+    import keras, numpy as np
+    from nbdist.datasets import fashion_mnist
+    (x, y), _ = fashion_mnist(limit={samples})
+    x = x.reshape(len(x), -1).astype("float32") / 255
+    def build():
+        return keras.Sequential([keras.Input((784,)), keras.layers.Dense(1024, activation="relu"),
+                                 keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(1024, activation="relu"),
+                                 keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10, activation="softmax")])
+    def build_big():  # 4 x 8192 x 8192 float32 kernels: 1.07 GB of variables
+        return keras.Sequential([keras.Input((8192,))] + [keras.layers.Dense(8192) for _ in range(4)]
+                                + [keras.layers.Dense(10)])
+''')
+CELL = textwrap.dedent('''
+    model = build()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    history = model.fit(x, y, batch_size={batch}, epochs={epochs}, shuffle=False, verbose=0)
+''')
+BIG_CELL = textwrap.dedent('''
+    xb = np.random.default_rng(0).random(({batch}, 8192), np.float32); yb = np.arange({batch}) % 10
+    model = build_big()
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(xb, yb, batch_size=8, epochs=1, verbose=0)
+''')
+
+
+def variable_bytes(model) -> int:
+    return sum(int(v.numpy().nbytes) for v in list(model.weights) + list(model.optimizer.variables))
+
+
+def steady_rate(run) -> float:
+    """Samples/s of the last stage's (or the worker's) records after the first epoch."""
+    records = [r for r in run.fits[0].records if r["samples_per_s"] and r["epoch"] and r["epoch"] >= 1]
+    return statistics.median(r["samples_per_s"] for r in records) if records else float("nan")
+
+
+def peak_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+
+
+def bubble_rows(ip, session, args) -> tuple[list, float, float]:
+    ip.run_cell_magic("distribute", "--strategy local --targets 0 --progress none", CELL.format(
+        batch=args.batch, epochs=args.epochs))
+    local_rate, local_bytes = steady_rate(session.last_run), variable_bytes(ip.user_ns["model"])
+    rows, excess, memory = [], None, None
+    for micro in (1, 2, 4, 8):
+        ip.run_cell_magic("distribute", f"--strategy pipeline --targets 0,1 --microbatches {micro} --progress none",
+                          CELL.format(batch=args.batch, epochs=args.epochs))
+        stages = session.last_run.fits[0].parts["stages"]
+        measured = statistics.mean(1 - s["busy_s"] / s["step_s"] for s in stages)
+        theory = (2 - 1) / (micro + 2 - 1)
+        memory = max(s["variable_bytes"] for s in stages) / local_bytes
+        rate = steady_rate(session.last_run)
+        rows.append([f"M={micro}", f"{measured:.3f}", f"{theory:.3f}", f"{measured - theory:+.3f}",
+                     " / ".join(f"{s['variable_bytes'] / 1e6:.1f}" for s in stages), f"{local_bytes / 1e6:.1f}",
+                     f"{rate:,.0f}", f"{local_rate:,.0f}"])
+        excess = measured - theory
+    return rows, excess, memory
+
+
+def big_model(ip, session, args) -> tuple[list, float]:
+    ip.run_line_magic("dist", "stop")
+    ip.run_line_magic("dist", "start -n 3")
+    ip.run_cell_magic("distribute", "define", DEFINITION.format(samples=args.samples))
+    client = session.cluster.client
+    pids = {eid: client[eid].apply_sync(os.getpid) for eid in (0, 1, 2)}
+    before = {eid: peak_rss_mb(pid) for eid, pid in pids.items()}
+    t0 = time.time()
+    ip.run_cell_magic("distribute", "--strategy local --targets 2 --progress none", BIG_CELL.format(batch=args.big_steps * 8))
+    local_s = time.time() - t0
+    local_bytes = sum(w.nbytes for w in session.last_run.fits[0].weights + session.last_run.fits[0].optimizer_weights)
+    t0 = time.time()
+    ip.run_cell_magic("distribute", "--strategy pipeline --targets 0,1 --microbatches 2 --progress none",
+                      BIG_CELL.format(batch=args.big_steps * 8))
+    pipe_s = time.time() - t0
+    stages = session.last_run.fits[0].parts["stages"]
+    peaks = {eid: peak_rss_mb(pid) for eid, pid in pids.items()}
+    rows = [[f"engine {eid} ({'local' if eid == 2 else 'stage ' + str(eid)})", f"{before[eid]:,.0f}",
+             f"{peaks[eid]:,.0f}",
+             f"{(stages[eid]['variable_bytes'] if eid < 2 else local_bytes) / 1e6:,.0f}",
+             f"{local_s if eid == 2 else pipe_s:.1f}"] for eid in (0, 1, 2)]
+    return rows, max(peaks[0], peaks[1]) / peaks[2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--big-steps", type=int, default=3)
+    args = parser.parse_args()
+    ip, session = notebook_shell()
+    ip.run_line_magic("dist", "start -n 2")
+    try:
+        ip.run_cell_magic("distribute", "define", DEFINITION.format(samples=args.samples))
+        rows, excess, memory = bubble_rows(ip, session, args)
+        print(f"\nK=2, 1F1B, batch {args.batch}, {args.samples} samples, {args.epochs} epochs (Adam)")
+        print_table(["micro-batches", "bubble measured", "theory", "excess", "stage MB (vars+slots)", "local MB",
+                     "pipeline samples/s", "local samples/s"], rows)
+        big_rows, rss_ratio = big_model(ip, session, args)
+        print(f"\n1.07 GB model (4 x Dense 8192x8192), K=2, {args.big_steps} steps of batch 8, fresh engines")
+        print_table(["engine", "RSS before MB", "peak RSS MB", "variables held MB", "cell s"], big_rows)
+    finally:
+        ip.run_line_magic("dist", "stop")
+    print(f"RESULT pipeline_bubble_excess={excess:.3f}")
+    print(f"RESULT pipeline_stage_memory_ratio={memory:.3f}")
+    print(f"RESULT pipeline_big_peak_rss_ratio={rss_ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""The pipeline's sockets: the kernel's address book, and each stage's links to its neighbours.
+
+Every stage binds one PULL socket (its inbox) and PUSHes to its neighbours' inboxes. The
+kernel's `AddressBook` (a ROUTER) tells every stage where the others listen once all have
+said hello, and hands them the split stage 0 chose. Every message is a signed wire message
+(`nbdist.ps.wire`): a JSON header and raw array buffers, sent without copying; nothing is
+unpickled. Waits are bounded: a stage that hears nothing from a neighbour for `silence_s`
+(not counting time paused) fails, naming that neighbour.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from ..errors import ClusterError
+from ..ps import wire
+
+SILENCE_S = 60.0
+POLL_MS = 200
+
+
+class AddressBook:
+    """Kernel side: collects every stage's hello, then answers all with the addresses and the split."""
+
+    def __init__(self, stages: int, key: bytes):
+        self.stages, self.key = stages, key
+        self.address: str | None = None
+        self._stop = threading.Event()
+        self._thread = self._socket = self._context = None
+
+    def start(self, bind: str) -> str:
+        import zmq
+
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        port = self._socket.bind_to_random_port(f"tcp://{bind}")
+        self.address = f"tcp://{bind}:{port}"
+        self._thread = threading.Thread(target=self._serve, name="nbdist-pipeline-book", daemon=True)
+        self._thread.start()
+        return self.address
+
+    def _serve(self) -> None:
+        hellos: dict[int, tuple[bytes, dict]] = {}
+        while not self._stop.is_set():
+            if not self._socket.poll(POLL_MS):
+                continue
+            ident, *frames = self._socket.recv_multipart()
+            try:
+                header = wire.decode(self.key, frames).header
+                hellos[int(header["stage"])] = (ident, header)
+            except (wire.Rejected, KeyError, ValueError):
+                continue  # not from this run's stages: never acted on
+            if len(hellos) == self.stages:
+                reply = wire.encode(self.key, "peers", addresses=[hellos[s][1]["address"] for s in range(self.stages)],
+                                    split=hellos[0][1].get("split"))
+                for ident_, _ in hellos.values():
+                    self._socket.send_multipart([ident_, *reply])
+                hellos = {}  # a second fit of the cell says hello again
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._context.term()
+        self._socket = self._context = self._thread = None
+
+
+class StageLinks:
+    """One stage's inbox and its sends to the stages before and after it."""
+
+    def __init__(self, spec: dict, stage: int, engines: list[int], paused=lambda: False):
+        import zmq
+
+        from ..netroute import local_ip_towards
+
+        self.key = bytes.fromhex(spec["key"])
+        self.stage, self.engines, self.paused = stage, engines, paused
+        self.silence_s = float(spec.get("silence_s", SILENCE_S))
+        self._context = zmq.Context()
+        self._inbox = self._context.socket(zmq.PULL)
+        self._inbox.setsockopt(zmq.LINGER, 0)
+        host = local_ip_towards(spec["book"].split("//")[1].rsplit(":", 1)[0])
+        self.address = f"tcp://{host}:{self._inbox.bind_to_random_port(f'tcp://{host}')}"
+        self._book_address = spec["book"]
+        self._out: dict[int, object] = {}
+        self._pending: dict[tuple, wire.Message] = {}
+        self.bytes_sent = 0
+        self.rejected = 0
+
+    def join(self, split=None, timeout_s: float = 120.0):
+        """Say hello to the kernel's address book; returns the split stage 0 chose, once all stages are in."""
+        import zmq
+
+        book = self._context.socket(zmq.DEALER)
+        book.setsockopt(zmq.LINGER, 0)
+        book.connect(self._book_address)
+        try:
+            book.send_multipart(wire.encode(self.key, "hello", stage=self.stage, address=self.address, split=split))
+            if not book.poll(int(timeout_s * 1000)):
+                raise ClusterError(f"pipeline stage {self.stage} (engine {self.engines[self.stage]}): the other stages "
+                                   f"did not all start within {timeout_s:.0f} s.")
+            peers = wire.decode(self.key, book.recv_multipart()).header
+        finally:
+            book.close(linger=0)
+        for neighbour in (self.stage - 1, self.stage + 1):
+            if 0 <= neighbour < len(self.engines):
+                sock = self._context.socket(zmq.PUSH)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect(peers["addresses"][neighbour])
+                self._out[neighbour] = sock
+        return peers["split"]
+
+    def send(self, to: int, kind: str, step: int, micro: int, array: np.ndarray | None = None, **fields) -> None:
+        """Send `array` (an activation or its gradient) or a bare message to neighbour stage `to`."""
+        arrays = {"t": array} if array is not None else None
+        frames = wire.encode(self.key, kind, arrays, step=step, m=micro, stage=self.stage, **fields)
+        self.bytes_sent += sum(len(f) for f in frames)
+        self._out[to].send_multipart(frames, copy=len(frames) < 3)
+
+    def receive(self, kind: str, step: int, micro: int, source: int) -> wire.Message:
+        """The message `kind` of this step and micro-batch from stage `source`, waiting (bounded) for it."""
+        import zmq
+
+        want = (kind, step, micro)
+        heard = time.monotonic()
+        while want not in self._pending:
+            if self._inbox.poll(POLL_MS):
+                try:
+                    message = wire.decode(self.key, self._inbox.recv_multipart(zmq.NOBLOCK, copy=False))
+                except wire.Rejected:
+                    self.rejected += 1  # not from this run's stages: counted, never used
+                    continue
+                header = message.header
+                self._pending[(message.kind, header["step"], header["m"])] = message
+                heard = time.monotonic()
+            elif self.paused():
+                heard = time.monotonic()  # a pause lasts as long as the user wants
+            elif time.monotonic() - heard > self.silence_s:
+                raise ClusterError(
+                    f"pipeline stage {self.stage} (engine {self.engines[self.stage]}) heard nothing from stage "
+                    f"{source} (engine {self.engines[source]}) for {self.silence_s:.0f} s while waiting for its "
+                    f"{kind} of micro-batch {micro} at step {step}: that engine stopped or died.")
+        return self._pending.pop(want)
+
+    def close(self) -> None:
+        for sock in self._out.values():
+            sock.close(linger=0)
+        self._inbox.close(linger=0)
+        self._context.term()

@@ -1,0 +1,191 @@
+"""Cutting a Keras model into K consecutive stages, and balancing them.
+
+A model is cut after named layers. A Sequential model can be cut after any layer. A
+functional model can be cut after a layer whose output is the only tensor that crosses the
+cut (everything after it depends on the inputs only through that tensor); a cut that another
+tensor crosses (a skip connection, a second input used later) is refused, naming the layer
+that uses it. Balancing is a pure function of per-layer costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import OptionError
+
+
+@dataclass
+class Chain:
+    """A model as the ordered layers a pipeline can cut between, and the cuts it allows."""
+
+    model: object
+    layers: list  # the model's layers in execution order (no InputLayer)
+    cuttable: list[str] = field(default_factory=list)  # names of layers a stage may end at
+    blocked: dict[str, str] = field(default_factory=dict)  # layer name -> why a cut after it is refused
+
+    @property
+    def names(self) -> list[str]:
+        return [layer.name for layer in self.layers]
+
+    @property
+    def sequential(self) -> bool:
+        import keras
+
+        return isinstance(self.model, keras.Sequential)
+
+
+def chain_of(model) -> Chain:
+    """The model's layers in order and where it may be cut; refuses models with no graph to cut."""
+    import keras
+
+    if isinstance(model, keras.Sequential):
+        layers = list(model.layers)
+        return Chain(model, layers, cuttable=[layer.name for layer in layers[:-1]])
+    if not hasattr(model, "_nodes_by_depth"):
+        raise OptionError(f"--strategy pipeline cuts Sequential and functional models; {type(model).__name__} is "
+                          "a subclassed model, whose layers have no graph nbdist can cut. Write it as a functional "
+                          "model (keras.Model(inputs, outputs)), or train it with a data-parallel strategy.")
+    return _functional_chain(model)
+
+
+def _functional_chain(model) -> Chain:
+    nodes = [node for depth in sorted(model._nodes_by_depth, reverse=True) for node in model._nodes_by_depth[depth]]
+    ops = [node.operation for node in nodes if not node.is_input]
+    counts: dict[int, int] = {}
+    for op in ops:
+        counts[id(op)] = counts.get(id(op), 0) + 1
+    shared = [op.name for op in ops if counts[id(op)] > 1]
+    if shared:
+        raise OptionError(f"--strategy pipeline cannot cut a model that calls one layer twice ({shared[0]!r}): "
+                          "its weights would live on two stages.")
+    order = [op for op in dict.fromkeys(ops)]
+    position = {id(op): i for i, op in enumerate(order)}
+    producer = {id(t): node.operation for node in nodes for t in node.output_tensors}
+    outputs = {id(t) for t in model.outputs}
+    chain = Chain(model, order)
+    for i, op in enumerate(order[:-1]):
+        reason = _why_not_a_cut(op, i, order, nodes, producer, position, outputs)
+        if reason:
+            chain.blocked[op.name] = reason
+        else:
+            chain.cuttable.append(op.name)
+    return chain
+
+
+def _why_not_a_cut(op, i, order, nodes, producer, position, outputs) -> str | None:
+    """Why a cut after `order[i]` is crossed by a tensor other than its output (None: it is a cut)."""
+    for node in nodes:
+        if node.is_input or position[id(node.operation)] <= i:
+            continue
+        for tensor in node.input_tensors:
+            source = producer.get(id(tensor))
+            upstream = source is not None and (id(source) not in position or position[id(source)] <= i)
+            if upstream and source is not op:
+                return (f"the output of {source.name!r} crosses it too (used by {node.operation.name!r}); "
+                        "a pipeline cut may be crossed by one tensor only")
+    for tensor_id in outputs:
+        source = producer.get(tensor_id)
+        if source is not None and id(source) in position and position[id(source)] <= i:
+            return f"the model's output {source.name!r} is produced before it"
+    return None
+
+
+def check_cuts(chain: Chain, names: list[str], stages: int) -> list[str]:
+    """The cut names, validated: K-1 of them, layers of the model, in order, each a legal cut."""
+    if len(names) != stages - 1:
+        raise OptionError(f"--split names the layers after which to cut: {stages - 1} name(s) for --stages {stages}. "
+                          f"Received: --split {','.join(names)}")
+    for name in names:
+        if name not in chain.names:
+            raise OptionError(f"--split names {name!r}, which is not a layer of the model; its layers are "
+                              f"{', '.join(chain.names)}.")
+        if name not in chain.cuttable:
+            why = chain.blocked.get(name, "it is the last layer")
+            raise OptionError(f"the model cannot be cut after {name!r}: {why}. Layers it can be cut after: "
+                              f"{', '.join(chain.cuttable) or 'none'}.")
+    positions = [chain.names.index(n) for n in names]
+    if positions != sorted(set(positions)):
+        raise OptionError(f"--split names must be distinct and in the model's order ({', '.join(chain.names)}). "
+                          f"Received: --split {','.join(names)}")
+    return names
+
+
+def balanced_cuts(names: list[str], costs: list[float], cuttable: list[str], stages: int) -> list[str]:
+    """The K-1 cuts (layer names, among `cuttable`) that make the costliest stage as cheap as possible.
+
+    `costs[i]` is layer i's cost; a stage costs the sum of its layers'. Ties go to the earliest cut.
+    """
+    allowed = [i for i, n in enumerate(names) if n in cuttable]
+    if len(allowed) < stages - 1:
+        raise OptionError(f"--stages {stages} needs {stages - 1} cut(s) but the model can be cut only after "
+                          f"{', '.join(cuttable) or 'no layer'}; use fewer stages.")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + float(c))
+    ends = allowed + [len(names) - 1]
+
+    def cost(start: int, end: int) -> float:  # layers start..end inclusive
+        return prefix[end + 1] - prefix[start]
+
+    best = {(0, e): (cost(0, e), []) for e in ends}  # (stages used, end) -> (max stage cost, cut positions)
+    for k in range(1, stages):
+        best.update({(k, e): min(((max(best[(k - 1, p)][0], cost(p + 1, e)), best[(k - 1, p)][1] + [p])
+                                  for p in ends if p < e and (k - 1, p) in best), default=(float("inf"), []))
+                     for e in ends})
+    return [names[p] for p in best[(stages - 1, len(names) - 1)][1]]
+
+
+def positions(chain: Chain, cuts: list[str]) -> list[int]:
+    """The cut names as positions in the chain: what stages agree on (layer names are numbered per
+    process, so two engines can name the same layer differently)."""
+    return [chain.names.index(n) for n in cuts]
+
+
+def stage_ranges(chain: Chain, cut_at: list[int]) -> list[list]:
+    """Each stage's layers, given the positions of the layers the stages end at (all but the last)."""
+    ends = list(cut_at) + [len(chain.layers) - 1]
+    starts = [0] + [e + 1 for e in ends[:-1]]
+    return [chain.layers[s:e + 1] for s, e in zip(starts, ends)]
+
+
+def layer_bytes(layer) -> int:
+    import numpy as np
+
+    return sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in layer.weights)
+
+
+def stage_part(chain: Chain, cut_at: list[int], stage: int):
+    """Stage `stage`'s part of the model, callable on its input: a layer chain (Sequential models) or
+    the functional sub-model between two cuts. Shares the model's layers (no copy)."""
+    import keras
+
+    layers = stage_ranges(chain, cut_at)[stage]
+    if chain.sequential:
+        return LayerChain(layers)
+    model = chain.model
+    inputs = model.input if stage == 0 else _output_of(layers[0], chain, before=True)
+    outputs = model.output if stage == len(cut_at) else layers[-1].output
+    return keras.Model(inputs, outputs, name=f"pipeline_part_{stage}")
+
+
+def _output_of(first_layer, chain: Chain, before: bool):
+    """The tensor that enters a stage starting at `first_layer`: the output of the layer before it."""
+    return chain.layers[chain.layers.index(first_layer) - 1].output
+
+
+def LayerChain(layers):  # noqa: N802 - a class made on demand, so this module imports without Keras
+    """A Keras layer that applies `layers` in order (a Sequential model's stage)."""
+    import keras
+
+    class _LayerChain(keras.layers.Layer):
+        def __init__(self, parts):
+            super().__init__(name=f"chain_{parts[0].name}_to_{parts[-1].name}")
+            self.parts = list(parts)
+            self.built = True
+
+        def call(self, inputs, training=False):
+            for layer in self.parts:
+                inputs = layer(inputs, training=training)
+            return inputs
+
+    return _LayerChain(layers)

@@ -1,0 +1,383 @@
+"""`pipeline`: model parallelism between layers; the model cut into K stages, one per engine.
+
+Stage i holds only its layers' variables and their optimizer state. Each mini-batch is cut
+into M micro-batches that flow through the stages on the 1F1B (default) or GPipe schedule;
+activations and their gradients travel between neighbours over nbdist's signed wire. See
+DESIGN.md section 9, docs/strategies/pipeline.md and `nbdist.pipeline`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from ..errors import OptionError
+from ..keras_bridge import FitResult, build_from_sample, is_dataset
+from ..netroute import address_towards_cluster
+from ..pipeline import schedule as schedules
+from ..pipeline import split as splits
+from ..pipeline.links import AddressBook, StageLinks
+from ..pipeline.stage import gather, index_batches, stage_model
+from ..ps import wire
+from .base import Option, Reports, Strategy, Worker
+from .control_step import stop_when_stopped
+
+STAGES = Option("--stages", "number of pipeline stages, one engine each (pipeline)", type=int, metavar="K", minimum=2)
+MICROBATCHES = Option("--microbatches", "micro-batches each mini-batch is cut into (pipeline; more shrink the "
+                      "idle bubble (K-1)/(M+K-1))", type=int, default=4, metavar="M", minimum=1)
+SPLIT = Option("--split", "where to cut the model: auto (balance measured per-layer time) or the names of the "
+               "layers after which to cut, comma-separated (pipeline)", default="auto", metavar="auto|NAMES")
+SCHEDULE = Option("--schedule", "micro-batch order: 1f1b (one forward, one backward; at most K micro-batches "
+                  "of activations per stage) or gpipe (all forwards, then all backwards)", default="1f1b",
+                  choices=schedules.KINDS)
+WHOLE_MODEL_SAVERS = ("ModelCheckpoint", "BackupAndRestore")
+TIMING_REPEATS = 3
+
+
+class PipelineWorker(Worker):
+    """One stage: builds its part of the model, frees the rest, and runs Keras' `fit` on the part."""
+
+    @property
+    def last(self) -> bool:
+        return self.rank == self.size - 1
+
+    @property
+    def keeps_callbacks(self) -> bool:
+        return self.last  # the stage that computes the loss holds the callbacks' state a local fit would
+
+    def cell_context(self):
+        import tensorflow as tf
+
+        return tf.device("/GPU:0") if tf.config.get_visible_devices("GPU") else contextlib.nullcontext()
+
+    def fit(self, request):
+        model = request.model
+        arrays = fit_arrays(request)
+        if not model.built:
+            build_from_sample(model, arrays["train"]["x"])
+        refuse_whole_model_savers(request.callbacks)
+        chain = splits.chain_of(model)
+        control = self.control_point()
+        links = StageLinks(self.config["links"], self.rank, self.config["engines"],
+                           paused=lambda: bool(control.flags()[0]))
+        try:
+            plan = self._plan(chain, arrays, request) if self.rank == 0 else None
+            plan = links.join(split=plan)
+            part = splits.stage_part(chain, plan["cut_at"], self.rank)
+            stage = stage_model(part, self.rank, self.size, links, self.config["engines"],
+                                {**plan, "microbatches": self.config["microbatches"],
+                                 "schedule": self.config["schedule"]}, self._own(arrays))
+            self.layout = stage_layout(model, part)
+            stage.compile(**stage_compile_args(model, self.last), run_eagerly=True)
+            stage.optimizer.build(stage.trainable_variables)
+            copy_optimizer_state(model, stage, self.layout)
+            release_other_variables(model, part)
+            stage.control = control
+            self.stage, self.plan, self.links = stage, plan, links
+            return self._fit_stage(request, stage, arrays)
+        finally:
+            control.close()
+            links.close()
+
+    def _fit_stage(self, request, stage, arrays):
+        batch = int(request.batch_size or 32)
+        seed = self.spec["options"].get("seed")
+        seed = int(seed if seed is not None else self.spec["run"])
+        train = index_batches(len(arrays["train"]["y"]), batch, bool(request.shuffle), seed)
+        val = (index_batches(len(arrays["val"]["y"]), int(request.validation_batch_size or batch), False, seed)
+               if arrays["val"] is not None else None)
+        kept, self.callback_changes = self._callbacks_for_stage(request)
+        reporter = self.make_reporter(batch)
+        reporter.extra = lambda: {"bytes_sent": self.links.bytes_sent}
+        return stage.fit(train, validation_data=val, epochs=request.epochs, initial_epoch=request.initial_epoch,
+                         steps_per_epoch=request.steps_per_epoch, validation_steps=request.validation_steps,
+                         validation_freq=request.validation_freq, verbose=0, shuffle=False,  # (IndexBatches shuffles)
+                         callbacks=[*kept, stop_when_stopped(stage.control), reporter])
+
+    def _callbacks_for_stage(self, request):
+        """Every stage runs the cell's callbacks on the same logs (a learning-rate change acts on every
+        stage's optimizer); the file writers run on the last stage only."""
+        from .. import callbacks
+
+        kept, changes = callbacks.for_rank(request.callbacks, 0 if self.last else self.rank + 1, self.size)
+        self.files_written = callbacks.files_written(kept) if self.last else []
+        return kept, changes
+
+    def _plan(self, chain, arrays, request) -> dict:
+        """Stage 0's choice of cuts, with each candidate segment's measured time and bytes."""
+        requested = self.values.get("split") or "auto"
+        segments = splits.stage_ranges(chain, splits.positions(chain, chain.cuttable))
+        sizes = [sum(splits.layer_bytes(layer) for layer in seg) for seg in segments]
+        basis, costs = "bytes", [float(s) for s in sizes]
+        with contextlib.suppress(Exception):  # a part that cannot be timed alone: balance by bytes instead
+            costs, basis = time_segments(chain, arrays["train"]["x"], int(request.batch_size or 32)), "time"
+        names = [seg[-1].name for seg in segments]
+        if requested == "auto":
+            cuts = splits.balanced_cuts(names, costs, chain.cuttable, self.size)
+        else:
+            cuts = splits.check_cuts(chain, [n.strip() for n in requested.split(",") if n.strip()], self.size)
+        return {"cuts": cuts, "cut_at": splits.positions(chain, cuts), "basis": basis, "requested": requested,
+                "segments": [{"layers": [layer.name for layer in seg], "bytes": b, "cost": c}
+                             for seg, b, c in zip(segments, sizes, costs)]}
+
+    def _own(self, arrays: dict) -> dict:
+        """What this stage reads of the data: the inputs on the first stage, labels and weights on the last."""
+        def part(data):
+            return None if data is None else {"x": data["x"] if self.rank == 0 else None,
+                                              "y": data["y"] if self.last else None,
+                                              "sample_weight": data["sample_weight"] if self.last else None}
+
+        return {"train": part(arrays["train"]), "val": part(arrays["val"])}
+
+    def result(self, request, history, records, timings, states) -> FitResult:
+        stage = self.stage
+        weights = [np.asarray(v.numpy()) for v in self.layout["variables"]]
+        optimizer = [np.asarray(v.numpy()) for v in stage.optimizer.variables]
+        result = FitResult(weights=weights, optimizer_weights=optimizer,
+                           history={k: [float(v) for v in vals] for k, vals in history.history.items()},
+                           params=dict(history.params or {}), epoch=list(history.epoch), records=list(records),
+                           timings=dict(timings), callbacks=list(states), files=list(self.files_written))
+        result.parts = {"stage": self.rank, "weight_index": self.layout["weight_index"],
+                        "trainable_index": self.layout["trainable_index"],
+                        "optimizer_prefix": optimizer_prefix(stage.optimizer),
+                        "busy_s": stage.busy_s, "step_s": stage.step_s, "bytes_sent": self.links.bytes_sent,
+                        "variable_bytes": int(sum(w.nbytes for w in weights) + sum(o.nbytes for o in optimizer)),
+                        "plan": self.plan}
+        return result
+
+
+def fit_arrays(request) -> dict:
+    """The cell's training and validation arrays, as a local fit would cut them; refuses what a
+    pipeline cannot read batch by batch on every stage."""
+    x, y = request.x, request.y
+    if is_dataset(x) or y is None or not hasattr(y, "__len__") or callable(getattr(x, "__next__", None)) \
+            or type(x).__name__ == "PyDataset" or hasattr(x, "__getitem__") and hasattr(x, "on_epoch_end"):
+        raise OptionError("--strategy pipeline reads the training data as arrays (model.fit(x, y, ...)) so that every "
+                          "stage takes the same batch: the first its inputs, the last its labels. Pass numpy arrays "
+                          "instead of a dataset or generator, or use a data-parallel strategy.")
+    sample_weight = request.sample_weight
+    if request.class_weight:
+        from keras.src.trainers.data_adapters.data_adapter_utils import class_weight_to_sample_weights
+
+        sample_weight = np.asarray(class_weight_to_sample_weights(np.asarray(y), request.class_weight))
+    train = {"x": x, "y": np.asarray(y), "sample_weight": None if sample_weight is None else np.asarray(sample_weight)}
+    val = None
+    if request.validation_data is not None:
+        data = tuple(request.validation_data)
+        if is_dataset(data[0]):
+            raise OptionError("--strategy pipeline takes validation_data as arrays (x_val, y_val); it was given a "
+                              "dataset.")
+        val = {"x": data[0], "y": np.asarray(data[1]), "sample_weight": data[2] if len(data) > 2 else None}
+    elif request.validation_split:
+        split_at = int(np.floor(len(train["y"]) * (1.0 - request.validation_split)))
+        cut = lambda d, s: None if d is None else _index(d, s)  # noqa: E731
+        val = {k: cut(v, slice(split_at, None)) for k, v in train.items()}
+        train = {k: cut(v, slice(0, split_at)) for k, v in train.items()}
+    return {"train": train, "val": val}
+
+
+def _index(data, where):
+    if isinstance(data, dict):
+        return {k: v[where] for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [v[where] for v in data]
+    return data[where]
+
+
+def refuse_whole_model_savers(callbacks) -> None:
+    for callback in callbacks or []:
+        if type(callback).__name__ in WHOLE_MODEL_SAVERS:
+            raise OptionError(f"--strategy pipeline cannot run {type(callback).__name__}: it saves the whole model, and "
+                              "no engine holds the whole model. Save the notebook's model after the cell "
+                              "(model.save(...)), or use a data-parallel strategy.")
+
+
+def stage_layout(model, part) -> dict:
+    """Where the part's variables sit in the whole model: positions in `get_weights()` and among the
+    trainable variables (the order of the optimizer's slots)."""
+    own = {id(v) for v in part.weights}
+    weights = [v for v in model.weights if id(v) in own]
+    return {"variables": weights,
+            "weight_index": [i for i, v in enumerate(model.weights) if id(v) in own],
+            "trainable_index": [i for i, v in enumerate(model.trainable_variables) if id(v) in own]}
+
+
+def stage_compile_args(model, last: bool) -> dict:
+    """The cell's compile arguments for a stage: a fresh copy of its optimizer on every stage, the loss
+    and metrics on the last."""
+    config = dict(model._compile_config.config) if getattr(model, "_compile_config", None) else {}
+    optimizer = model.optimizer
+    args = {"optimizer": type(optimizer).from_config(optimizer.get_config())}
+    if last:
+        args.update({k: config.get(k) for k in ("loss", "loss_weights", "metrics", "weighted_metrics")})
+    return args
+
+
+def optimizer_prefix(optimizer) -> int:
+    """How many of the optimizer's variables come before its per-variable slots (iteration, learning rate)."""
+    return len(type(optimizer).from_config(optimizer.get_config()).variables)
+
+
+def copy_optimizer_state(model, stage, layout) -> None:
+    """A model the notebook trained before brings its optimizer's state: each stage takes its slots."""
+    source = model.optimizer
+    if not getattr(source, "built", False):
+        return
+    prefix = optimizer_prefix(source)
+    full, own = list(source.variables), list(stage.optimizer.variables)
+    trainable = len(model.trainable_variables)
+    per = (len(full) - prefix) // max(trainable, 1)
+    if len(own) != prefix + per * len(layout["trainable_index"]) or len(full) != prefix + per * trainable:
+        return  # an optimizer of another layout: the stage starts it fresh
+    for mine, theirs in zip(own[:prefix], full[:prefix]):
+        mine.assign(theirs)
+    for j, i in enumerate(layout["trainable_index"]):
+        for k in range(per):
+            own[prefix + j * per + k].assign(full[prefix + i * per + k])
+
+
+def release_other_variables(model, part) -> None:
+    """Free the variables (and optimizer slots) of the other stages' layers on this engine: the whole
+    model existed here only while the cell built it. The engine's copy is marked, so the next run
+    sends the notebook's model whole."""
+    import tensorflow as tf
+
+    own = {id(v) for v in part.weights}
+    doomed = [v for v in model.weights if id(v) not in own]
+    if getattr(model.optimizer, "built", False):
+        doomed += list(model.optimizer.variables)
+    for variable in doomed:
+        variable._value = tf.Variable(tf.zeros([0], variable.dtype), trainable=False)  # Keras keeps it here
+    model._nbdist_released = True
+
+
+def time_segments(chain, x, batch: int) -> list[float]:
+    """Each cuttable segment's forward + backward seconds on one batch (the least of a few runs)."""
+    import time
+
+    import tensorflow as tf
+
+    cut_at = splits.positions(chain, chain.cuttable)
+    segments = splits.stage_ranges(chain, cut_at)
+    h = gather(x, np.arange(min(batch, len(x if not isinstance(x, dict) else next(iter(x.values()))))))
+    costs = []
+    for i in range(len(segments)):
+        part = splits.stage_part(chain, cut_at, i)
+        best = float("inf")
+        for _ in range(TIMING_REPEATS + 1):  # the first call traces: not counted
+            t0 = time.perf_counter()
+            with tf.GradientTape() as tape:
+                if i:
+                    tape.watch(h)
+                out = part(h, training=True)
+                total = tf.reduce_sum(tf.cast(out, tf.float32))
+            tape.gradient(total, list(part.trainable_weights) + ([h] if i else []))
+            best = min(best, time.perf_counter() - t0) if _ else best
+        costs.append(best)
+        h = out
+    return costs
+
+
+class PipelineStrategy(Strategy):
+    """Model parallel between layers: K stages on K engines, micro-batches on the 1F1B or GPipe schedule."""
+
+    name = "pipeline"
+    summary = "model parallel between layers: K stages, micro-batches on a 1F1B or GPipe schedule"
+    reads = (STAGES, MICROBATCHES, SPLIT, SCHEDULE)
+    reports = Reports(panels=("loss", "throughput"), controls=("pause", "resume", "stop"))
+    worker_class = PipelineWorker
+    min_workers = 2
+
+    def __init__(self, values):
+        super().__init__(values)
+        self.book: AddressBook | None = None
+
+    def choose_workers(self, available, workers, targets):
+        stages = self.value("stages")
+        if stages is not None and workers is not None and workers != stages:
+            raise OptionError(f"--strategy pipeline runs one stage per engine: give --stages or --workers, or the "
+                              f"same number. Received: --stages {stages} --workers {workers}")
+        chosen = super().choose_workers(available, workers if workers is not None else stages or (
+            None if targets else 2), targets)
+        return chosen
+
+    def prepare(self, run, cluster) -> dict:
+        key = wire.new_key()
+        address = address_towards_cluster(cluster.client, all(cluster.shares_network(e) for e in run.workers))
+        self.book = AddressBook(len(run.workers), key)
+        book = self.book.start(address)
+        return {"links": {"book": book, "key": key.hex()}, "engines": list(run.workers),
+                "microbatches": int(self.value("microbatches")), "schedule": self.value("schedule")}
+
+    @classmethod
+    def gather_result(cls, run) -> list:
+        """The whole model of each `fit`: every stage's variables and optimizer slots in their places; History,
+        callbacks and records from the last stage."""
+        per_stage = [run.results.get(eid) or [] for eid in run.workers]
+        if not per_stage or any(len(r) != len(per_stage[-1]) for r in per_stage) or not per_stage[-1]:
+            return []
+        return [assemble([stage_results[i] for stage_results in per_stage]) for i in range(len(per_stage[-1]))]
+
+    def finish(self, run) -> None:
+        if self.book is not None:
+            self.book.stop()
+            self.book = None
+        fits = self.gather_result(run) if run.status == "done" else []
+        if fits:
+            run.plan = plan_table(fits[-1].parts["stages"])
+            run.notes.append(run.plan["text"])
+
+
+def assemble(results: list[FitResult]) -> FitResult:
+    """One fit's result for the whole model from each stage's (in stage order)."""
+    count = sum(len(r.parts["weight_index"]) for r in results)
+    weights: list = [None] * count
+    for r in results:
+        for i, w in zip(r.parts["weight_index"], r.weights):
+            weights[i] = w
+    last = results[-1]
+    prefix = last.parts["optimizer_prefix"]
+    trainable = sum(len(r.parts["trainable_index"]) for r in results)
+    slots: list = [None] * trainable
+    per = None
+    for r in results:
+        own = len(r.parts["trainable_index"])
+        per = (len(r.optimizer_weights) - prefix) // own if own else per
+        for j, i in enumerate(r.parts["trainable_index"]):
+            slots[i] = r.optimizer_weights[prefix + j * per: prefix + (j + 1) * per]
+    optimizer = list(last.optimizer_weights[:prefix]) + [s for group in slots if group for s in group]
+    merged = FitResult(weights=weights, optimizer_weights=optimizer, history=last.history, params=last.params,
+                       epoch=last.epoch, records=last.records, timings=last.timings, callbacks=last.callbacks,
+                       files=last.files)
+    merged.parts = {"stages": [r.parts for r in results]}
+    return merged
+
+
+def plan_table(stages: list[dict]) -> dict:
+    """The split as the cell prints it: each stage's layers, parameter bytes, measured time, busy fraction."""
+    plan = stages[0]["plan"]
+    segments = plan["segments"]
+    ends = plan["cuts"] + [segments[-1]["layers"][-1]]
+    rows, start = [], 0
+    for s, end in enumerate(ends):
+        stop = next(i for i, seg in enumerate(segments) if seg["layers"][-1] == end) + 1
+        own = segments[start:stop]
+        layers = [name for seg in own for name in seg["layers"]]
+        part = stages[s]
+        rows.append({"stage": s, "layers": layers, "bytes": sum(seg["bytes"] for seg in own),
+                     "cost_s": sum(seg["cost"] for seg in own) if plan["basis"] == "time" else None,
+                     "busy": part["busy_s"] / part["step_s"] if part["step_s"] else None,
+                     "bytes_sent": part["bytes_sent"]})
+        start = stop
+    lines = [f"nbdist: pipeline split ({'--split auto, balanced by measured time' if plan['requested'] == 'auto' and plan['basis'] == 'time' else '--split auto, balanced by parameter bytes' if plan['requested'] == 'auto' else '--split ' + plan['requested']}): "
+             f"cut after {', '.join(plan['cuts'])}",
+             f"  {'stage':>5}  {'layers':<40} {'params MB':>9} {'time ms':>8} {'busy':>5} {'sent MB':>8}"]
+    for row in rows:
+        names = ", ".join(row["layers"])
+        names = names if len(names) <= 40 else names[:37] + "..."
+        cost = f"{row['cost_s'] * 1e3:8.2f}" if row["cost_s"] is not None else f"{'-':>8}"
+        busy = f"{row['busy']:5.0%}" if row["busy"] is not None else f"{'-':>5}"
+        lines.append(f"  {row['stage']:>5}  {names:<40} {row['bytes'] / 1e6:9.3f} {cost} {busy} "
+                     f"{row['bytes_sent'] / 1e6:8.2f}")
+    return {"cuts": plan["cuts"], "basis": plan["basis"], "stages": rows, "text": "\n".join(lines)}

@@ -1,0 +1,118 @@
+"""`--strategy pipeline` on real engines: the same weights as one engine, the split it prints, what it refuses,
+a dead stage and a stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.support import eventually, idle_engines
+
+pytestmark = pytest.mark.cluster
+
+CELL = '''
+model = build()
+model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+history = model.fit(x, y, batch_size=40, epochs=2, steps_per_epoch=10, shuffle=False, validation_data=(xt[:200], yt[:200]))
+'''
+DIFF = ("max(float(abs(a - b).max()) for a, b in zip({0}, {1}))")
+
+
+@pytest.fixture(scope="module")
+def local_run(kernel, cluster):
+    idle_engines(cluster, 3)
+    kernel.run("%%distribute --strategy local --seed 5\n" + CELL, timeout=180).check()
+    kernel.run("local_w, local_opt = model.get_weights(), [v.numpy() for v in model.optimizer.variables]; "
+               "local_hist = history.history").check()
+
+
+@pytest.mark.parametrize("stages,micro,kind", [(2, 1, "1f1b"), (2, 4, "gpipe"), (3, 4, "1f1b")])
+def test_pipeline_equals_one_engine_after_20_steps(kernel, local_run, stages, micro, kind):
+    kernel.run(f"%%distribute --strategy pipeline --stages {stages} --microbatches {micro} --schedule {kind} "
+               f"--seed 5\n" + CELL, timeout=240).check()
+    assert kernel.value(DIFF.format("local_w", "model.get_weights()")) <= 1e-5
+    # the optimizer's momentum slots came back from every stage, in the whole model's order
+    assert kernel.value(DIFF.format("local_opt", "[v.numpy() for v in model.optimizer.variables]")) <= 1e-5
+    result = kernel.value("{'hist': history.history, 'local': local_hist, 'plan': nbdist.last_run.plan}")
+    assert result["hist"].keys() == result["local"].keys() and len(result["hist"]["loss"]) == 2
+    for key, values in result["local"].items():
+        assert result["hist"][key] == pytest.approx(values, abs=1e-5), key
+    assert len(result["plan"]["stages"]) == stages and len(result["plan"]["cuts"]) == stages - 1
+    layers = [name for stage in result["plan"]["stages"] for name in stage["layers"]]
+    assert layers == kernel.value("[layer.name for layer in model.layers]")
+
+
+def test_auto_split_balances_measured_layer_time_and_says_so(kernel, cluster):
+    idle_engines(cluster, 2)
+    # per sample: 256x1024, 1024x1024, 1024x1024, 1024x10 multiply-adds; two stages balance best cut after big_2
+    cell = '''
+import numpy as np
+xb, yb = np.random.default_rng(0).random((256, 256), np.float32), np.arange(256) % 10
+model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(1024, name="small_1"),
+                          keras.layers.Dense(1024, name="big_2"), keras.layers.Dense(1024, name="big_3"),
+                          keras.layers.Dense(10, name="out_4")])
+model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+history = model.fit(xb, yb, batch_size=128, epochs=1)
+'''
+    reply = kernel.run("%%distribute --strategy pipeline --stages 2\n" + cell, timeout=240)
+    reply.check()
+    plan = kernel.value("nbdist.last_run.plan")
+    assert plan["basis"] == "time" and plan["cuts"] == ["big_2"]
+    assert [s["layers"] for s in plan["stages"]] == [["small_1", "big_2"], ["big_3", "out_4"]]
+    assert plan["stages"][0]["bytes"] == (256 * 1024 + 1024 + 1024 * 1024 + 1024) * 4
+    assert "pipeline split (--split auto, balanced by measured time): cut after big_2" in reply.stdout
+
+
+def test_a_cut_that_a_skip_connection_crosses_is_refused_by_name(kernel, cluster):
+    idle_engines(cluster, 2)
+    cell = '''
+inputs = keras.Input((28, 28, 1))
+flat = keras.layers.Flatten(name="flat")(inputs)
+hidden = keras.layers.Dense(16, name="hidden")(flat)
+joined = keras.layers.Concatenate(name="join")([flat, hidden])
+model = keras.Model(inputs, keras.layers.Dense(10, activation="softmax", name="head")(joined))
+model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+model.fit(x, y, epochs=1, steps_per_epoch=2)
+'''
+    reply = kernel.run("%%distribute --strategy pipeline --stages 2 --split hidden\n" + cell, timeout=180)
+    assert reply.ename == "EngineFailure", reply.error_text
+    assert "cannot be cut after 'hidden': the output of 'flat' crosses it too (used by 'join')" in reply.evalue
+    assert "Layers it can be cut after: flat, join" in reply.evalue
+
+
+def test_a_killed_stage_engine_fails_the_run_by_name_and_the_cluster_serves_the_next_cell(kernel, cluster):
+    ipp_cluster, client = cluster
+    before = set(client.ids)
+    ipp_cluster.start_engines_sync(n=2)
+    client.wait_for_engines(len(before) + 2, timeout=90, block=True)
+    first, victim = sorted(set(client.ids) - before)
+    pid = client[victim].apply_sync(os.getpid)
+    long = CELL.replace("epochs=2, steps_per_epoch=10", "epochs=500")
+    msg_id = kernel.submit(f"%%distribute --strategy pipeline --targets {first},{victim} --progress text\n" + long)
+    kernel.collect(msg_id, timeout=180, until_output="step")
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.time()
+    reply = kernel.collect(msg_id, timeout=60)
+    assert reply.ename == "EngineDied", reply.error_text
+    assert f"engine {victim} (host " in reply.evalue
+    assert time.time() - killed_at <= 30
+    kernel.run(f"%%distribute --strategy pipeline --targets {first},0\n" + CELL, timeout=180).check()
+    assert kernel.value("len(history.history['loss'])") == 2
+
+
+def test_stop_ends_every_stage_at_the_same_step_and_the_model_comes_back(kernel, cluster):
+    idle_engines(cluster, 2)
+    long = CELL.replace("epochs=2, steps_per_epoch=10", "epochs=500")
+    kernel.run("%%distribute --strategy pipeline --workers 2 --background --progress none\n" + long,
+               timeout=120).check()
+    kernel.run("run = nbdist.last_run").check()
+    eventually(kernel, "any((p.get('record') or {}).get('step', 0) > 5 for p in run.progress.values())", timeout=120)
+    kernel.run("run.control('stop')").check()
+    kernel.run("%dist wait", timeout=120).check()
+    result = kernel.value("{'status': run.status, 'epochs': len(history.history['loss']), "
+                          "'same': all((a == b).all() for a, b in zip(model.get_weights(), run.fits[0].weights))}")
+    assert result["status"] == "done" and 0 < result["epochs"] < 500 and result["same"]

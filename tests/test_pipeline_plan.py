@@ -1,0 +1,90 @@
+"""The pipeline's pure parts: schedules against the bubble theory, cuts of real Keras graphs, balancing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nbdist.errors import OptionError
+from nbdist.pipeline import schedule
+from nbdist.pipeline.split import balanced_cuts, chain_of, check_cuts, stage_part
+
+
+@pytest.mark.parametrize("kind", schedule.KINDS)
+@pytest.mark.parametrize("stages,micro", [(2, 1), (2, 4), (2, 8), (3, 4), (4, 8)])
+def test_schedules_run_without_deadlock_and_idle_as_theory_says(kind, stages, micro):
+    result = schedule.simulate(kind, stages, micro, forward_s=1.0, backward_s=2.0)
+    assert result["bubble"] == pytest.approx(schedule.theoretical_bubble(stages, micro))
+    for s in range(stages):
+        steps = schedule.make(kind, s, stages, micro)
+        assert sorted(steps) == sorted([("F", m) for m in range(micro)] + [("B", m) for m in range(micro)])
+        assert all(steps.index(("F", m)) < steps.index(("B", m)) for m in range(micro))
+
+
+def test_1f1b_keeps_at_most_k_minus_s_micro_batches_and_gpipe_keeps_all():
+    assert [schedule.most_in_flight(schedule.one_f_one_b(s, 4, 8)) for s in range(4)] == [4, 3, 2, 1]
+    assert [schedule.most_in_flight(schedule.gpipe(s, 4, 8)) for s in range(4)] == [8, 8, 8, 8]
+    assert schedule.one_f_one_b(0, 2, 3) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("B", 2)]
+    assert schedule.theoretical_bubble(2, 8) == pytest.approx(1 / 9)
+
+
+def test_balanced_cuts_minimise_the_costliest_stage():
+    names = ["a", "b", "c", "d"]
+    assert balanced_cuts(names, [0.25, 1, 1, 0.01], names[:3], 2) == ["b"]  # 1.25 | 1.01
+    assert balanced_cuts(names, [0.25, 1, 1, 0.01], ["a", "c"], 2) == ["a"]  # 0.25 | 2.01 beats 2.25 | 0.01
+    assert balanced_cuts(names, [1, 1, 1, 1], names[:3], 4) == ["a", "b", "c"]
+    with pytest.raises(OptionError, match="--stages 3 needs 2 cut"):
+        balanced_cuts(names, [1, 1, 1, 1], ["a"], 3)
+
+
+def _skip_model():
+    import keras
+
+    inputs = keras.Input((8,), name="x")
+    a = keras.layers.Dense(4, name="a")(inputs)
+    b = keras.layers.Dense(4, name="b")(a)
+    c = keras.layers.Add(name="c")([a, b])
+    d = keras.layers.Dense(3, name="d")(c)
+    return keras.Model(inputs, keras.layers.Dense(2, name="e")(d))
+
+
+def test_a_functional_graph_is_cut_only_where_one_tensor_crosses():
+    chain = chain_of(_skip_model())
+    assert chain.names == ["a", "b", "c", "d", "e"] and chain.cuttable == ["a", "c", "d"]
+    with pytest.raises(OptionError, match=r"cannot be cut after 'b': the output of 'a' crosses it too \(used by 'c'\)"):
+        check_cuts(chain, ["b"], 2)
+    with pytest.raises(OptionError, match="1 name"):
+        check_cuts(chain, ["a", "c"], 2)
+    with pytest.raises(OptionError, match="not a layer of the model"):
+        check_cuts(chain, ["dense_9"], 2)
+
+
+def test_the_stages_of_a_cut_compute_what_the_whole_model_does():
+    import keras
+
+    model = _skip_model()
+    x = np.random.default_rng(0).random((5, 8), np.float32)
+    h = x
+    for s in range(3):
+        h = stage_part(chain_of(model), [2, 3], s)(h)
+    np.testing.assert_allclose(h, model(x), atol=1e-6)
+    sequential = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3), keras.layers.Dense(2)])
+    chain = chain_of(sequential)
+    first, second = (stage_part(chain, [0], s) for s in range(2))
+    np.testing.assert_allclose(second(first(x)), sequential(x), atol=1e-6)
+    assert len(first.weights) == len(second.weights) == 2
+
+
+def test_a_subclassed_model_is_refused_with_what_to_do():
+    import keras
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.dense(x)
+
+    with pytest.raises(OptionError, match="subclassed model.*functional model"):
+        chain_of(Net())
