@@ -110,6 +110,11 @@ class ClusterHandle:
         where = {"connection_info": file, "profile": profile, "cluster_id": cluster_id}
         return cls(client, None, lifeline.Lifeline.start(release=where))
 
+    def running(self, engines, busy: bool = True) -> None:
+        """Note that this kernel's training runs (or stopped running) on these engines (see `Lifeline.running`)."""
+        if self.lifeline is not None:
+            self.lifeline.running(engines, busy)
+
     @property
     def owned(self) -> bool:
         return self.cluster is not None

@@ -118,6 +118,12 @@ class Lifeline:
         """Forget process `pid` (it was stopped normally)."""
         self._send(f"untrack {pid}")
 
+    def running(self, engines, busy: bool = True) -> None:
+        """Tell the watcher these engines run (or no longer run) this process's training: should this
+        process die, the watcher interrupts them before releasing a connected cluster."""
+        if engines:
+            self._send(f"{'busy' if busy else 'idle'} {','.join(map(str, engines))}")
+
     def stop(self) -> None:
         """Release the watcher (it exits and touches nothing) and remove the record."""
         _active.discard(self)
@@ -398,6 +404,7 @@ def watch(parent: int, cluster_file: str | None, record: str | None, release: di
           commands: int = 0) -> str:
     """Wait until `parent` is gone (or releases us); then clean up. Returns what happened."""
     tracked: dict[int, float] = {}  # pid -> create time, so a reused pid is never killed
+    busy: set[int] = set()  # engines running the parent's training
     pending = b""
     while True:
         readable, _, _ = select.select([commands], [], [], POLL_S)
@@ -417,6 +424,9 @@ def watch(parent: int, cluster_file: str | None, record: str | None, release: di
                         tracked[int(arg)] = started
                 elif verb == "untrack":
                     tracked.pop(int(arg), None)
+                elif verb in ("busy", "idle"):
+                    engines = {int(e) for e in arg.split(",") if e}
+                    busy = busy | engines if verb == "busy" else busy - engines
         if os.getppid() != parent:  # reparented: the parent is gone, even if a fork still holds the pipe
             break
     for pid, started in tracked.items():
@@ -424,7 +434,7 @@ def watch(parent: int, cluster_file: str | None, record: str | None, release: di
     if cluster_file:
         _stop_cluster(cluster_file)
     if release is not None:
-        _release_engines(release)
+        _release_engines(release, sorted(busy))
     deadline = time.time() + SHARD_GRACE_S
     while any(_alive(pid, started) for pid, started in tracked.items()) and time.time() < deadline:
         time.sleep(POLL_S)
@@ -435,8 +445,9 @@ def watch(parent: int, cluster_file: str | None, record: str | None, release: di
     return "cleaned up"
 
 
-def _release_engines(where: dict) -> None:
-    """Clear nbdist's objects from a connected cluster's engines; never stop them."""
+def _release_engines(where: dict, busy: list[int] = ()) -> None:
+    """Interrupt the dead kernel's training on the engines `busy`, then clear nbdist's objects from a
+    connected cluster's engines; never stop them (another client may use them next)."""
     import ipyparallel as ipp
 
     from . import engine
@@ -447,6 +458,9 @@ def _release_engines(where: dict) -> None:
         _warn(f"could not reach the cluster to release it: {exc!r}")
         return
     try:
+        interrupted = [eid for eid in busy if eid in client.ids]
+        if interrupted:  # a training cell of a kernel that is gone would otherwise hold them to its end
+            client.send_signal(signal.SIGINT, targets=interrupted, block=True)
         if client.ids:
             client[:].apply_async(engine.release).get(timeout=ENGINE_RELEASE_TIMEOUT_S)
     except Exception as exc:  # a busy engine runs the release when its task ends

@@ -222,6 +222,7 @@ def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None, before
         if before_submit is not None:
             before_submit()
         pending = _submit(run, cluster, config, bus.spec() if bus is not None else None)
+        cluster.running(run.workers)
         _wait(run, cluster, strategy, pending, on_progress)
         run.status = "done"
     except KeyboardInterrupt:
@@ -234,6 +235,8 @@ def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None, before
         raise
     finally:
         run.ended_at = time.time()
+        if pending:
+            cluster.running(run.workers, busy=False)
         strategy.finish(run)
         if bus is not None:
             bus.stop()

@@ -375,6 +375,66 @@ NO_MARKS = [
 ]
 
 
+MODEL_PARALLEL = [
+    new_markdown_cell(
+        "# Model parallel: a model split in two\n\n"
+        "When a model and its optimizer state do not fit on one engine, `--strategy pipeline` cuts it into "
+        "consecutive stages, one engine each. Each stage holds only its layers' variables and optimizer slots; "
+        "every batch is cut into micro-batches that flow through the stages (1F1B schedule), activations forward "
+        "and their gradients back. The training cell is unchanged."),
+    new_code_cell("%load_ext nbdist\n%dist start -n 2"),
+    new_code_cell(
+        "%%distribute define\n"
+        "import keras\n"
+        "from nbdist.datasets import fashion_mnist\n\n"
+        "(x, y), (x_test, y_test) = fashion_mnist(limit=8000)\n"
+        "x, x_test = x.reshape(len(x), -1).astype(\"float32\") / 255, x_test.reshape(len(x_test), -1).astype(\"float32\") / 255\n\n"
+        "def build():\n"
+        "    return keras.Sequential([\n"
+        "        keras.Input((784,)),\n"
+        "        keras.layers.Dense(512, activation=\"relu\", name=\"hidden_1\"),\n"
+        "        keras.layers.Dense(512, activation=\"relu\", name=\"hidden_2\"),\n"
+        "        keras.layers.Dense(256, activation=\"relu\", name=\"hidden_3\"),\n"
+        "        keras.layers.Dense(10, activation=\"softmax\", name=\"classes\"),\n"
+        "    ])"),
+    new_markdown_cell("Two stages, 4 micro-batches per batch. `--split auto` times each layer's forward and backward on "
+                      "stage 0 and cuts where the slower stage is fastest; the split is printed under the cell."),
+    new_code_cell(
+        "%%distribute --strategy pipeline --stages 2 --microbatches 4 --seed 0\n"
+        "model = build()\n"
+        "model.compile(optimizer=\"adam\", loss=\"sparse_categorical_crossentropy\", metrics=[\"accuracy\"])\n"
+        "history = model.fit(x, y, batch_size=128, epochs=3, validation_split=0.1)"),
+    new_markdown_cell("The notebook's `model` is the whole trained model, reassembled from the stages (its optimizer "
+                      "state too), and `nbdist.last_run.plan` holds the split."),
+    new_code_cell(
+        "import nbdist\n"
+        "plan = nbdist.last_run.plan\n"
+        "for stage in plan[\"stages\"]:\n"
+        "    print(f\"stage {stage['stage']}: {', '.join(stage['layers'])}, {stage['bytes'] / 1e6:.2f} MB of parameters, \"\n"
+        "          f\"busy {stage['busy']:.0%} of its steps\")\n"
+        "accuracy = model.evaluate(x_test, y_test, verbose=0)[1]\n"
+        "assert accuracy > 0.75, accuracy\n"
+        "assert len(plan[\"stages\"]) == 2 and len(model.optimizer.variables) > 2"),
+    new_markdown_cell("The stages' timeline on the 1F1B schedule, from the measured stage times: where each stage "
+                      "works (F: a micro-batch forward, B: its backward) and where it waits (the bubble, "
+                      "(K-1)/(M+K-1) of the time with equal stages)."),
+    new_code_cell(
+        "import plotly.graph_objects as go\n"
+        "from nbdist.pipeline import schedule\n"
+        "costs = [s[\"cost_s\"] * 1e3 for s in plan[\"stages\"]]\n"
+        "figure = go.Figure()\n"
+        "for s, cost in enumerate(costs):  # a backward costs about twice a forward\n"
+        "    timeline = schedule.simulate(\"1f1b\", 2, 4, forward_s=cost / 3, backward_s=2 * cost / 3)[\"steps\"][s]\n"
+        "    for kind, m, start, end in timeline:\n"
+        "        figure.add_bar(y=[f\"stage {s}\"], x=[end - start], base=[start], orientation=\"h\", showlegend=False,\n"
+        "                       marker_color=\"#4c78a8\" if kind == \"F\" else \"#f58518\", text=f\"{kind}{m}\")\n"
+        "figure.update_layout(barmode=\"overlay\", height=220, xaxis_title=\"ms into a batch (ideal links)\",\n"
+        "                     title=f\"1F1B, 2 stages, 4 micro-batches: bubble {schedule.theoretical_bubble(2, 4):.0%} in theory\")\n"
+        "figure"),
+    new_code_cell("%dist stop"),
+]
+
+
 def write(path: Path, cells) -> None:
     notebook = new_notebook(cells=cells, metadata={
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
@@ -394,3 +454,4 @@ if __name__ == "__main__":
     write(root / "04-ashl.ipynb", ASHL)
     write(root / "05-multi-host.ipynb", MULTI_HOST)
     write(root / "06-no-marks.ipynb", NO_MARKS)
+    write(root / "07-model-parallel.ipynb", MODEL_PARALLEL)

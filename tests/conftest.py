@@ -54,10 +54,30 @@ def cluster():
         cluster.stop_cluster_sync()
 
 
+SETTLE_S = 60  # a kernel that stopped has its watcher interrupt the training it left running on shared engines
+
+
+def engines_idle(client, timeout: float) -> None:
+    """Wait (bounded) until no engine of the shared cluster runs or queues a task; fail naming them."""
+    import time
+
+    deadline = time.time() + timeout
+    while True:
+        status = client.queue_status()
+        busy = {eid: s for eid, s in status.items() if isinstance(s, dict) and (s.get("queue") or s.get("tasks"))}
+        if not busy:
+            return
+        if time.time() > deadline:
+            raise AssertionError(f"engines still busy {timeout} s after the previous module's kernel stopped "
+                                 f"(its training was never interrupted): {busy}")
+        time.sleep(0.2)  # polling the hub's queue status, bounded by the deadline
+
+
 @pytest.fixture(scope="module")
 def kernel(cluster):
     """A real IPython kernel with nbdist loaded, connected to the shared cluster, definitions recorded."""
-    ipp_cluster, _ = cluster
+    ipp_cluster, client = cluster
+    engines_idle(client, SETTLE_S)
     driver = KernelDriver()
     try:
         driver.run("%load_ext nbdist\nimport nbdist").check()

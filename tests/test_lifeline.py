@@ -234,9 +234,19 @@ def test_cluster_started_outside_survives_the_kernel_and_is_released(reaper, out
     assert client[0].pull("nbdist_marker", block=True) == 42 and client[0].apply_sync(engine.definition_digests)
     watcher = psutil.Process(kernel.value("nbdist.get_session().cluster.lifeline.pid"))
     reaper.record([watcher])
+    kernel.run("%%distribute define --name data\n" + DEFINITION, timeout=180).check()
+    kernel.run("%%distribute --strategy local --background --progress none\n" + TRAIN.format(epochs=500),
+               timeout=120).check()
+    deadline = time.time() + 120
+    while not kernel.value("bool(nbdist.last_run.progress)") and time.time() < deadline:
+        time.sleep(0.2)  # polling the kernel until the engine reports its first steps, bounded
+    assert kernel.value("nbdist.last_run.status") == "running"
 
     os.kill(kernel_pid(kernel), signal.SIGKILL)
     assert not left_after([watcher], 20, since=time.time()), "the watcher of a connected cluster did not exit"
+    # the dead kernel's training was interrupted: the engine is free for the next client at once
+    status = client.queue_status(targets=[0])[0]
+    assert status["queue"] == 0 and status["tasks"] == 0, status
     assert all(alive(p) for p in processes), "a process of the cluster started outside died with the kernel"
     assert client.ids == [0] and client[0].apply_sync(os.getpid) in {p.pid for p in processes}
     assert client[0].apply_sync(engine.definition_digests) == {}  # released: the dead kernel's objects are gone

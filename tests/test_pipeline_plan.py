@@ -88,3 +88,22 @@ def test_a_subclassed_model_is_refused_with_what_to_do():
 
     with pytest.raises(OptionError, match="subclassed model.*functional model"):
         chain_of(Net())
+
+
+def test_the_stages_results_are_put_together_in_the_whole_models_order():
+    from nbdist.keras_bridge import FitResult
+    from nbdist.strategies.pipeline import assemble
+
+    def stage(weight_index, trainable_index, weights, slots, history):
+        result = FitResult(weights=weights, optimizer_weights=[np.array(7), np.array(0.1)] + slots,
+                           history=history, params={}, epoch=[0])
+        result.parts = {"weight_index": weight_index, "trainable_index": trainable_index, "optimizer_prefix": 2}
+        return result
+
+    # whole model: w0 (trainable), w1 (not trainable), w2 (trainable); two slots per trainable variable
+    first = stage([0, 1], [0], [np.array(0.0), np.array(1.0)], [np.array(10.0), np.array(11.0)], {})
+    last = stage([2], [1], [np.array(2.0)], [np.array(20.0), np.array(21.0)], {"loss": [0.5]})
+    merged = assemble([first, last])
+    assert [float(w) for w in merged.weights] == [0.0, 1.0, 2.0]
+    assert [float(v) for v in merged.optimizer_weights] == [7.0, 0.1, 10.0, 11.0, 20.0, 21.0]
+    assert merged.history == {"loss": [0.5]} and len(merged.parts["stages"]) == 2

@@ -12,5 +12,6 @@ export const DEFAULT_STRATEGIES = [
   'ddc-asgd',
   'ssgd',
   'adsp',
-  'ashl'
+  'ashl',
+  'pipeline'
 ];

@@ -20,6 +20,7 @@ from ..ps import wire
 
 SILENCE_S = 60.0
 POLL_MS = 200
+FLUSH_MS = 5000  # a closing stage's sends get this long to leave (a dead neighbour does not hold it longer)
 
 
 class AddressBook:
@@ -111,7 +112,7 @@ class StageLinks:
         for neighbour in (self.stage - 1, self.stage + 1):
             if 0 <= neighbour < len(self.engines):
                 sock = self._context.socket(zmq.PUSH)
-                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.LINGER, FLUSH_MS)  # the last step's logs must still reach the stage before
                 sock.connect(peers["addresses"][neighbour])
                 self._out[neighbour] = sock
         return peers["split"]
@@ -150,6 +151,6 @@ class StageLinks:
 
     def close(self) -> None:
         for sock in self._out.values():
-            sock.close(linger=0)
+            sock.close()
         self._inbox.close(linger=0)
         self._context.term()

@@ -47,13 +47,15 @@ def most_in_flight(steps: list[tuple[str, int]]) -> int:
 
 
 def simulate(kind: str, stages: int, micro: int, forward_s: float = 1.0, backward_s: float = 2.0) -> dict:
-    """Run every stage's schedule on ideal links; returns the makespan and each stage's busy fraction.
+    """Run every stage's schedule on ideal links; returns the makespan, the idle fraction and each
+    stage's timeline (`steps[s]`: (kind, m, start, end) in order).
 
     Raises ValueError if the schedules deadlock (a step waits on one that can never run).
     """
     plans = [make(kind, s, stages, micro) for s in range(stages)]
     done: dict[tuple[str, int, int], float] = {}  # (kind, stage, m) -> finish time
     position, clock = [0] * stages, [0.0] * stages
+    timeline: list[list[tuple]] = [[] for _ in range(stages)]
     while any(p < len(plan) for p, plan in zip(position, plans)):
         progressed = False
         for s, plan in enumerate(plans):
@@ -66,10 +68,11 @@ def simulate(kind: str, stages: int, micro: int, forward_s: float = 1.0, backwar
                 continue
             start = max(clock[s], done[need] if need else 0.0)
             clock[s] = done[(kind_, s, m)] = start + (forward_s if kind_ == FORWARD else backward_s)
+            timeline[s].append((kind_, m, start, clock[s]))
             position[s] += 1
             progressed = True
         if not progressed:
             raise ValueError(f"{kind} with {stages} stages and {micro} micro-batches deadlocks")
     makespan = max(clock)
     busy = micro * (forward_s + backward_s)
-    return {"makespan": makespan, "busy": [busy / makespan] * stages, "bubble": 1 - busy / makespan}
+    return {"makespan": makespan, "bubble": 1 - busy / makespan, "steps": timeline}

@@ -53,6 +53,9 @@ class PipelineWorker(Worker):
 
     def fit(self, request):
         model = request.model
+        if getattr(model, "_nbdist_released", False):
+            raise OptionError("under --strategy pipeline a training cell fits a model once: this engine gave the other "
+                              "stages' variables back after the first fit. Put the second fit in the next cell.")
         arrays = fit_arrays(request)
         if not model.built:
             build_from_sample(model, arrays["train"]["x"])
