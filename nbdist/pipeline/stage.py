@@ -22,31 +22,45 @@ from . import schedule as schedules
 ACT, GRAD, LOGS = "act", "grad", "logs"
 
 
-def index_batches(n: int, batch: int, shuffle: bool, seed: int):
-    """A `keras.utils.PyDataset` of sample-index batches; with `shuffle`, a new order each epoch,
-    the same on every stage (seeded)."""
+def index_batches(n: int, batch: int, shuffle: bool, seed: int, endless: bool = False):
+    """A `keras.utils.PyDataset` of sample-index batches, the same on every stage; with `shuffle` a new
+    seeded order for each pass over the data.
+
+    `endless` (the cell gave steps_per_epoch): one stream of passes that epochs take their steps from,
+    as Keras' own iterator over arrays does (an epoch does not restart the data).
+    """
     import keras
 
     class IndexBatches(keras.utils.PyDataset):
         def __init__(self):
             super().__init__()
-            self.epoch = 0
-            self.order = self._order()
+            self.passes = 0
+            self.order = self._order(0)
 
-        def _order(self):
+        @staticmethod
+        def _order(passes: int):
             if not shuffle:
                 return np.arange(n, dtype=np.int64)
-            return np.random.default_rng([seed, self.epoch]).permutation(n).astype(np.int64)
+            return np.random.default_rng([seed, passes]).permutation(n).astype(np.int64)
+
+        @property
+        def num_batches(self):
+            return None if endless else len(self)
 
         def __len__(self):
             return -(-n // batch)
 
         def __getitem__(self, i):
+            if endless:  # Keras counts i on across epochs (after peeking at the first batches)
+                passes, i = divmod(i, len(self))
+                if passes != self.passes:
+                    self.passes, self.order = passes, self._order(passes)
             return self.order[i * batch:(i + 1) * batch]
 
         def on_epoch_end(self):
-            self.epoch += 1
-            self.order = self._order()
+            if not endless:
+                self.passes += 1
+                self.order = self._order(self.passes)
 
     return IndexBatches()
 

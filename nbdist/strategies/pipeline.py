@@ -87,16 +87,19 @@ class PipelineWorker(Worker):
         batch = int(request.batch_size or 32)
         seed = self.spec["options"].get("seed")
         seed = int(seed if seed is not None else self.spec["run"])
-        train = index_batches(len(arrays["train"]["y"]), batch, bool(request.shuffle), seed)
+        train = index_batches(len(arrays["train"]["y"]), batch, bool(request.shuffle), seed,
+                              endless=request.steps_per_epoch is not None)
         val = (index_batches(len(arrays["val"]["y"]), int(request.validation_batch_size or batch), False, seed)
                if arrays["val"] is not None else None)
         kept, self.callback_changes = self._callbacks_for_stage(request)
         reporter = self.make_reporter(batch)
         reporter.extra = lambda: {"bytes_sent": self.links.bytes_sent}
-        return stage.fit(train, validation_data=val, epochs=request.epochs, initial_epoch=request.initial_epoch,
-                         steps_per_epoch=request.steps_per_epoch, validation_steps=request.validation_steps,
-                         validation_freq=request.validation_freq, verbose=0, shuffle=False,  # (IndexBatches shuffles)
-                         callbacks=[*kept, stop_when_stopped(stage.control), reporter])
+        # Keras' own fit (the cell's fit is nbdist's), in order; IndexBatches shuffles, Keras must not
+        return request.original_fit(stage, train, validation_data=val, epochs=request.epochs,
+                                    initial_epoch=request.initial_epoch, steps_per_epoch=request.steps_per_epoch,
+                                    validation_steps=request.validation_steps, validation_freq=request.validation_freq,
+                                    verbose=0, shuffle=False,
+                                    callbacks=[*kept, stop_when_stopped(stage.control), reporter])
 
     def _callbacks_for_stage(self, request):
         """Every stage runs the cell's callbacks on the same logs (a learning-rate change acts on every
@@ -153,12 +156,14 @@ class PipelineWorker(Worker):
 def fit_arrays(request) -> dict:
     """The cell's training and validation arrays, as a local fit would cut them; refuses what a
     pipeline cannot read batch by batch on every stage."""
+    from ..sharding import is_generator, is_py_dataset
+
     x, y = request.x, request.y
-    if is_dataset(x) or y is None or not hasattr(y, "__len__") or callable(getattr(x, "__next__", None)) \
-            or type(x).__name__ == "PyDataset" or hasattr(x, "__getitem__") and hasattr(x, "on_epoch_end"):
+    if is_dataset(x) or is_py_dataset(x) or is_generator(x) or y is None:
         raise OptionError("--strategy pipeline reads the training data as arrays (model.fit(x, y, ...)) so that every "
                           "stage takes the same batch: the first its inputs, the last its labels. Pass numpy arrays "
-                          "instead of a dataset or generator, or use a data-parallel strategy.")
+                          f"instead of {type(x).__name__}{' without y' if y is None else ''}, or use a data-parallel "
+                          "strategy.")
     sample_weight = request.sample_weight
     if request.class_weight:
         from keras.src.trainers.data_adapters.data_adapter_utils import class_weight_to_sample_weights
