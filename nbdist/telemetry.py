@@ -8,7 +8,7 @@ RATE_WINDOW_S = 2.0
 
 RECORD_FIELDS = (
     "run", "worker", "host", "step", "epoch", "t", "loss", "samples", "samples_per_s",
-    "staleness", "gamma", "lr", "phase", "bytes_sent", "comm_s", "compute_s",
+    "staleness", "gamma", "lr", "phase", "bytes_sent", "comm_s", "compute_s", "bubble",
 )
 PS_FIELDS = ("version", "applied", "dropped", "rejected", "momentum", "comp_norm")  # the last two: delay rules
 

@@ -11,6 +11,7 @@ from nbdist.telemetry import WindowedRate
 
 ASYNC_PS = {"nfdt", "asgd", "adsp", "dc-asgd", "dc-asgd-a", "dc-asgdk", "ddc-asgd", "ashl"}
 DELAY_RULES = {"dc-asgd", "dc-asgd-a", "dc-asgdk", "ddc-asgd", "ashl"}
+PIPELINES = {"pipeline"}
 
 
 def dashboard_of(strategy: str, **run_fields):
@@ -27,6 +28,8 @@ def test_each_strategy_gets_only_the_figures_it_can_fill(strategy):
         expected += ["staleness", "staleness distribution"]
     if strategy in DELAY_RULES:
         expected += ["gamma", "compensation"]
+    if strategy in PIPELINES:
+        expected += ["bubble"]
     assert names == expected
 
 

@@ -93,7 +93,9 @@ class PipelineWorker(Worker):
                if arrays["val"] is not None else None)
         kept, self.callback_changes = self._callbacks_for_stage(request)
         reporter = self.make_reporter(batch)
-        reporter.extra = lambda: {"bytes_sent": self.links.bytes_sent}
+        reporter.extra = lambda: {"bytes_sent": self.links.bytes_sent, "compute_s": stage.busy_s,
+                                  "comm_s": stage.step_s - stage.busy_s,
+                                  "bubble": 1 - stage.busy_s / stage.step_s if stage.step_s else None}
         # Keras' own fit (the cell's fit is nbdist's), in order; IndexBatches shuffles, Keras must not
         return request.original_fit(stage, train, validation_data=val, epochs=request.epochs,
                                     initial_epoch=request.initial_epoch, steps_per_epoch=request.steps_per_epoch,
@@ -293,7 +295,7 @@ class PipelineStrategy(Strategy):
     name = "pipeline"
     summary = "model parallel between layers: K stages, micro-batches on a 1F1B or GPipe schedule"
     reads = (STAGES, MICROBATCHES, SPLIT, SCHEDULE)
-    reports = Reports(panels=("loss", "throughput"), controls=("pause", "resume", "stop"))
+    reports = Reports(panels=("loss", "throughput", "bubble"), controls=("pause", "resume", "stop"))
     worker_class = PipelineWorker
     min_workers = 2
 

@@ -31,6 +31,7 @@ PANELS = {p.name: p for p in (
           histogram=True),
     Panel("gamma", "step scale gamma (delay rule)", "gamma", "gamma", source="pushes"),
     Panel("compensation", "delay compensation norm", "norm of c", "comp_norm", source="pushes"),
+    Panel("bubble", "pipeline bubble: each stage's idle share of its steps", "idle fraction", "bubble"),
 )}
 # names a strategy may list that are not figures: ASHL's decisions box
 NOT_FIGURES = ("decisions",)
