@@ -301,7 +301,7 @@ def _wait(run: Run, cluster: ClusterHandle, strategy, pending: dict, on_progress
                     run.results[eid] = _result(run, cluster, eid, ar)
                 elif not cluster.is_alive(eid, alive):
                     raise errors.EngineDied(
-                        f"{cluster.info(eid).label()} died during run {run.id} "
+                        f"{cluster.info(eid).label()} ({strategy.role(run.workers.index(eid))}) died during run {run.id} "
                         f"after {time.time() - run.started_at:.1f} s; the run was stopped on the other engines."
                     )
             except errors.EngineDied:

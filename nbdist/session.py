@@ -278,7 +278,8 @@ class Session:
         targets = _parse_targets(options.get("targets"))
         deadline = time.time() + REGISTRATION_GRACE_S
         while True:
-            available = sorted(set(cluster.ids()) - cluster.busy())
+            ids = set(cluster.ids())  # the hub lists a killed engine for a while: its process is checked too
+            available = sorted(e for e in ids - cluster.busy() if cluster.is_alive(e, ids))
             try:
                 return strategy.choose_workers(available, options.get("workers"), targets)
             except ClusterError:

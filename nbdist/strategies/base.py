@@ -189,6 +189,10 @@ class Strategy:
             )
         return chosen
 
+    def role(self, rank: int) -> str:
+        """What the worker of this rank is to the run, for messages ("rank 1", "pipeline stage 1")."""
+        return f"rank {rank}"
+
     def prepare(self, run, cluster) -> dict:
         """Start what the controller side needs (PS, rendezvous); return config for the workers.
 

@@ -312,6 +312,9 @@ class PipelineStrategy(Strategy):
             None if targets else 2), targets)
         return chosen
 
+    def role(self, rank: int) -> str:
+        return f"pipeline stage {rank}"
+
     def prepare(self, run, cluster) -> dict:
         key = wire.new_key()
         address = address_towards_cluster(cluster.client, all(cluster.shares_network(e) for e in run.workers))
