@@ -301,7 +301,7 @@ def _wait(run: Run, cluster: ClusterHandle, strategy, pending: dict, on_progress
                     run.results[eid] = _result(run, cluster, eid, ar)
                 elif not cluster.is_alive(eid, alive):
                     raise errors.EngineDied(
-                        f"{cluster.info(eid).label()} ({strategy.role(run.workers.index(eid))}) died during run {run.id} "
+                        f"{_who(run, cluster, eid)} died during run {run.id} "
                         f"after {time.time() - run.started_at:.1f} s; the run was stopped on the other engines."
                     )
             except errors.EngineDied:
@@ -328,17 +328,24 @@ def _result(run: Run, cluster: ClusterHandle, eid: int, ar) -> list[FitResult]:
     try:
         return ar.get(0)
     except ipp.error.RemoteError as exc:
+        if exc.ename == "EngineError":  # ipyparallel's word for a task stranded by a dead engine
+            raise errors.EngineDied(f"{_who(run, cluster, eid)} died during run {run.id}: {exc.evalue}") from None
         raise _engine_error(cluster, eid, exc) from None
     except ipp.error.EngineError:
-        raise errors.EngineDied(f"{cluster.info(eid).label()} died during run {run.id}.") from None
+        raise errors.EngineDied(f"{_who(run, cluster, eid)} died during run {run.id}.") from None
+
+
+def _who(run: Run, cluster: ClusterHandle, eid: int) -> str:
+    """An engine as a failure names it: its label and what it was to the run ("rank 1", "pipeline stage 1")."""
+    strategy = run.controller
+    role = strategy.role(run.workers.index(eid)) if strategy is not None and eid in run.workers else None
+    return cluster.info(eid).label() + (f" ({role})" if role else "")
 
 
 def _engine_error(cluster: ClusterHandle, eid: int, exc) -> errors.NbdistError:
     """Our own errors raised on an engine come back as themselves; user errors name the engine."""
     ours = getattr(errors, exc.ename, None)
     where = cluster.info(eid).label()
-    if exc.ename == "EngineError":  # ipyparallel's word for a task stranded by a dead engine
-        return errors.EngineDied(f"{where} died during the run: {exc.evalue}")
     if isinstance(ours, type) and issubclass(ours, errors.NbdistError) and not issubclass(ours, errors.EngineFailure):
         return ours(f"{exc.evalue} [{where}]")
     hint = (" The engines lack a name the cell uses: define it in this notebook (nbdist brings what the "

@@ -117,11 +117,14 @@ def stage_model(part, stage: int, stages: int, links, engines, plan: dict, array
                     held[m], reported = self._forward(step, m, micro[m], weights[m], arrays["train"], training=True)
                     loss += reported
                 else:
-                    for i, g in enumerate(self._backward(step, m, held.pop(m))):
-                        if g is not None:
-                            grads[i] = grads[i] + g
+                    micro_grads = self._backward(step, m, held.pop(m))
+                    t0 = time.perf_counter()
+                    grads = [g if mg is None else g + mg for g, mg in zip(grads, micro_grads)]
+                    self.busy_s += time.perf_counter() - t0
+            t0 = time.perf_counter()
             if self.trainable_weights:
                 self.optimizer.apply_gradients(zip(grads, self.trainable_weights))
+            self.busy_s += time.perf_counter() - t0
             self.step_s += time.perf_counter() - started
             return self._finish_step(step, len(indices), loss)
 
