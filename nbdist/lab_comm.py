@@ -3,7 +3,7 @@
 Messages, kernel to front end: `state` (see `lab_state.snapshot`), `hello` (the data of the comm this
 kernel opens when `%load_ext nbdist` runs), `ack` (the answer to `stop`) and `dashboard` (the answer
 to `show_dashboard`). Front end to kernel: `{"action": "request_state" | "stop" | "show_dashboard",
-"run": id}`. A comm is live once its front end has asked for the state; only live comms get pushes,
+"run": id}` and `{"action": "theme", "dark": bool}` (JupyterLab's theme, which the dashboards follow). A comm is live once its front end has asked for the state; only live comms get pushes,
 so a kernel run by nbconvert or nbval sends nothing after its one `hello`.
 """
 
@@ -95,6 +95,8 @@ class LabChannel:
             channel.send({"type": "ack", "action": "stop", "run": run_id, **self._stop_run(run_id)})
         elif action == "show_dashboard":
             channel.send({"type": "dashboard", "run": run_id, **self._dashboard(run_id)})
+        elif action == "theme":  # the dashboards' plots follow JupyterLab's theme; nothing to answer
+            self.session.theme = "dark" if data.get("dark") else "light"
         else:
             channel.send({"type": "ack", "action": action, "run": run_id, "ok": False,
                           "message": f"unknown action {action!r}"})
@@ -113,12 +115,12 @@ class LabChannel:
         return {"ok": True, "message": message}
 
     def _dashboard(self, run_id) -> dict:
-        """The live dashboard's widget id while the run trains; else the cell that holds its final figure."""
+        """The dashboard's widget id, live or ended (it keeps the final figures); without one, the run's cell."""
         run = self._find(run_id)
         if run is None:
             return {"model_id": None, "cell_id": None, "message": f"no run {run_id} in this kernel"}
         box = getattr(run.display, "box", None)
-        live = run.status == "running" and box is not None and getattr(box, "comm", None) is not None
+        live = box is not None and getattr(box, "comm", None) is not None
         message = "" if live or run.cell_id else f"run {run_id} has no dashboard (it ran with text progress)"
         return {"model_id": box.model_id if live else None, "cell_id": run.cell_id, "message": message}
 

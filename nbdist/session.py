@@ -39,6 +39,7 @@ class Session:
         self.listeners: list = []  # callables told what changed ("cluster", "definitions", "run", "progress")
         self.cell_hook = None  # the pre_run_cell hook that keeps `current_cell_id` (set by %load_ext)
         self.lab = None  # the JupyterLab sidebar's channel, in a Jupyter kernel
+        self.theme = "light"  # JupyterLab's theme as its extension reports it ("light" or "dark")
         self._transformed: dict[str, str] = {}  # cell text -> its Python (IPython's transform, cached)
 
     def changed(self, what: str) -> None:

@@ -118,3 +118,40 @@ def test_an_acknowledgement_reads_as_the_control_state_and_an_ended_run_lists_it
     ack = dashboard.controls.ack.value
     assert "version 481, paused False, finishing True, evicted []" in ack and "nonce" not in ack
     assert dashboard._node_table(dashboard.run, now=111.0).count("<td>done</td>") == 2
+
+
+def test_the_plots_follow_jupyterlabs_theme_as_the_extension_reports_it(monkeypatch):
+    from types import SimpleNamespace
+
+    import plotly.io as pio
+
+    import nbdist
+    from nbdist.lab_comm import LabChannel
+    from nbdist.session import Session
+
+    session = Session()
+    monkeypatch.setattr(nbdist, "get_session", lambda shell=None: session)
+    LabChannel(session).handle(SimpleNamespace(send=lambda message: None), {"action": "theme", "dark": True})
+    assert session.theme == "dark"
+    d = dashboard_of("nfdt")
+    dark = pio.templates["plotly_dark"].layout.paper_bgcolor
+    assert d.figure.layout.template.layout.paper_bgcolor == dark
+    first = len(d.panels) * len(d.workers)
+    assert d.figure.data[first].line.color == "white"  # the global loss line stays visible
+    LabChannel(session).handle(SimpleNamespace(send=lambda message: None), {"action": "theme", "dark": False})
+    d._draw(d.run, 0.0)  # the next redraw follows the change
+    assert d.figure.layout.template.layout.paper_bgcolor != dark and d.figure.data[first].line.color == "black"
+
+
+def test_a_dashboard_tab_opened_after_the_run_ended_shows_its_final_figures():
+    from types import SimpleNamespace
+
+    from nbdist.lab_comm import LabChannel
+    from nbdist.session import Session
+
+    session = Session()
+    box = SimpleNamespace(comm=object(), model_id="box-1")
+    session.runs.append(SimpleNamespace(id=3, status="done", display=SimpleNamespace(box=box), cell_id="c-3"))
+    sent = []
+    LabChannel(session).handle(SimpleNamespace(send=sent.append), {"action": "show_dashboard", "run": 3})
+    assert sent == [{"type": "dashboard", "run": 3, "model_id": "box-1", "cell_id": "c-3", "message": ""}]

@@ -23,6 +23,16 @@ export type IKernelLike = Pick<
 >;
 
 export class KernelChannel {
+  /** JupyterLab's theme, once the plugin knows it: every kernel's dashboards follow it. */
+  private static _dark: boolean | null = null;
+  private static _open = new Set<KernelChannel>();
+
+  /** Tell every connected kernel (and those that connect later) whether the theme is dark. */
+  static setTheme(dark: boolean): void {
+    KernelChannel._dark = dark;
+    KernelChannel._open.forEach(channel => channel._sendTheme());
+  }
+
   private _comm: Kernel.IComm | null = null;
   private _probing: Promise<void> | null = null;
   private _disposed = false;
@@ -70,6 +80,7 @@ export class KernelChannel {
     const comm = this.kernel.createComm(COMM_TARGET);
     this._adopt(comm);
     comm.open({ action: 'request_state' });
+    this._sendTheme();
   }
 
   /** Send an action to the kernel; false when no comm is open. */
@@ -94,6 +105,7 @@ export class KernelChannel {
       return;
     }
     this._disposed = true;
+    KernelChannel._open.delete(this);
     this.kernel.statusChanged.disconnect(this._onStatus, this);
     this.kernel.connectionStatusChanged.disconnect(this._onConnection, this);
     if (!this.kernel.isDisposed) {
@@ -107,10 +119,18 @@ export class KernelChannel {
     this._adopt(comm);
     this.model.handle(msg.content.data);
     comm.send({ action: 'request_state' });
+    this._sendTheme();
+  }
+
+  private _sendTheme(): void {
+    if (KernelChannel._dark !== null) {
+      this.send({ action: 'theme', dark: KernelChannel._dark });
+    }
   }
 
   private _adopt(comm: Kernel.IComm): void {
     this._comm = comm;
+    KernelChannel._open.add(this);
     comm.onMsg = msg => {
       this.model.handle(msg.content.data);
     };

@@ -2,11 +2,12 @@
  * nbdist for JupyterLab 4: the Distributed sidebar, the status-bar item and two cell commands.
  */
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
-import { ICommandPalette } from '@jupyterlab/apputils';
+import { ICommandPalette, IThemeManager } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
+import { KernelChannel } from './channel';
 import { addCommands } from './commands';
 import { showDashboard } from './dashboard';
 import { NotebookLinks } from './links';
@@ -26,13 +27,24 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description: 'Distributed training sidebar, status item and cell commands for nbdist',
   autoStart: true,
   requires: [INotebookTracker],
-  optional: [IStatusBar, ICommandPalette],
+  optional: [IStatusBar, ICommandPalette, IThemeManager],
   activate: (
     app: JupyterFrontEnd,
     tracker: INotebookTracker,
     statusBar: IStatusBar | null,
-    palette: ICommandPalette | null
+    palette: ICommandPalette | null,
+    themes: IThemeManager | null
   ) => {
+    if (themes) {
+      // the kernel's dashboards draw their plots in the theme's colours
+      const follow = () => {
+        if (themes.theme) {
+          KernelChannel.setTheme(!themes.isLight(themes.theme));
+        }
+      };
+      themes.themeChanged.connect(follow);
+      follow();
+    }
     const links = new NotebookLinks(tracker);
 
     const panel = new DistributedPanel(links);

@@ -124,7 +124,8 @@ export type KernelMessage =
 export type Action =
   | { action: 'request_state' }
   | { action: 'stop'; run: number }
-  | { action: 'show_dashboard'; run: number };
+  | { action: 'show_dashboard'; run: number }
+  | { action: 'theme'; dark: boolean };
 
 function isObject(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);

@@ -76,7 +76,10 @@ class Dashboard:
             setattr(self, name, getattr(self.controls, name))
         self.box = widgets.VBox([self.header, self.bar, self.controls.box, self.controls.ack, self.decisions,
                                  self.figure, self.table])
-        (display or show)(self.box)
+        self.template = None
+        self._follow_theme()
+        # the cell's display of the box, replaced by the static figure at the end (the box lives on in tabs)
+        self.handle = display(self.box) if display is not None else show(self.box, display_id=True)
 
     # -- figure ------------------------------------------------------------------------------
     def _empty_figure(self) -> go.Figure:
@@ -170,7 +173,23 @@ class Dashboard:
         if telemetry.get("control"):
             self.control_state = telemetry["control"][0]
 
+    def _follow_theme(self) -> None:
+        """Plotly's dark or light template, as JupyterLab's theme is (the extension tells the kernel)."""
+        from .. import get_session
+
+        dark = getattr(get_session(), "theme", "light") == "dark"
+        template = "plotly_dark" if dark else "plotly_white"
+        if template != self.template:
+            self.template = template
+            ink = "white" if dark else "black"
+            with self.figure.batch_update():
+                self.figure.layout.template = template
+                first = len(self.panels) * len(self.workers)
+                self.figure.data[first].line.color = ink  # the global loss and validation marks
+                self.figure.data[first + 1].marker.color = ink
+
     def _draw(self, run, now: float) -> None:
+        self._follow_theme()
         with self.figure.batch_update():
             for (name, k), series in self.series.items():
                 trace = self.trace(name, k)
@@ -241,12 +260,15 @@ class Dashboard:
         self.static = go.Figure(self.figure)
 
     def conclude(self) -> None:
-        """In the cell that waits for the run: the live figure gives way to a static one, which a
-        saved notebook keeps (plotly's own mimetype, no widget state needed)."""
+        """In the cell that waits for the run: the dashboard gives way to a static figure, which a saved
+        notebook keeps (plotly's own mimetype, no widget state needed). The widget itself stays, with its
+        final figures, for a dashboard tab opened from the sidebar."""
         from IPython.display import display
 
-        self.figure.close()
-        display(self.static)
+        if hasattr(self.handle, "update"):
+            self.handle.update(self.static)
+        else:
+            display(self.static)
 
 
 def ended_how(run) -> str:

@@ -93,3 +93,30 @@ describe('KernelChannel', () => {
     expect(kernel.targets.has(COMM_TARGET)).toBe(false);
   });
 });
+
+describe('KernelChannel theme', () => {
+  afterEach(() => {
+    (KernelChannel as any)._dark = null;
+    (KernelChannel as any)._open.clear();
+  });
+
+  it('tells connected kernels and those that connect later whether the theme is dark', () => {
+    const { kernel } = setUp();
+    const comm = kernel.openFromKernel(COMM_TARGET, { type: 'hello', schema: 1 });
+    KernelChannel.setTheme(true);
+    expect(comm.sent).toEqual([{ action: 'request_state' }, { action: 'theme', dark: true }]);
+    const later = setUp();
+    const laterComm = later.kernel.openFromKernel(COMM_TARGET, { type: 'hello', schema: 1 });
+    expect(laterComm.sent).toEqual([{ action: 'request_state' }, { action: 'theme', dark: true }]);
+    KernelChannel.setTheme(false);
+    expect(laterComm.sent[2]).toEqual({ action: 'theme', dark: false });
+  });
+
+  it('sends nothing about the theme to a disposed channel', () => {
+    const { kernel, channel } = setUp();
+    const comm = kernel.openFromKernel(COMM_TARGET, { type: 'hello', schema: 1 });
+    channel.dispose();
+    KernelChannel.setTheme(true);
+    expect(comm.sent).toEqual([{ action: 'request_state' }]);
+  });
+});
