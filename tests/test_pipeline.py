@@ -24,16 +24,17 @@ DIFF = ("max(float(abs(a - b).max()) for a, b in zip({0}, {1}))")
 
 @pytest.fixture(scope="module")
 def local_run(kernel, cluster):
-    idle_engines(cluster, 3)
+    idle_engines(cluster, 4)
     kernel.run("%%distribute --strategy local --seed 5\n" + CELL, timeout=180).check()
     kernel.run("local_w, local_opt = model.get_weights(), [v.numpy() for v in model.optimizer.variables]; "
                "local_hist = history.history").check()
 
 
-@pytest.mark.parametrize("stages,micro,kind", [(2, 1, "1f1b"), (2, 4, "gpipe"), (3, 4, "1f1b")])
-def test_pipeline_equals_one_engine_after_20_steps(kernel, local_run, stages, micro, kind):
+@pytest.mark.parametrize("stages,micro,kind,replicas", [(2, 1, "1f1b", 1), (2, 4, "gpipe", 1), (3, 4, "1f1b", 1),
+                                                      (2, 2, "1f1b", 2)])
+def test_pipeline_equals_one_engine_after_20_steps(kernel, local_run, stages, micro, kind, replicas):
     kernel.run(f"%%distribute --strategy pipeline --stages {stages} --microbatches {micro} --schedule {kind} "
-               f"--seed 5\n" + CELL, timeout=240).check()
+               f"--replicas {replicas} --seed 5\n" + CELL, timeout=240).check()
     assert kernel.value(DIFF.format("local_w", "model.get_weights()")) <= 1e-5
     # the optimizer's momentum slots came back from every stage, in the whole model's order
     assert kernel.value(DIFF.format("local_opt", "[v.numpy() for v in model.optimizer.variables]")) <= 1e-5
@@ -44,6 +45,11 @@ def test_pipeline_equals_one_engine_after_20_steps(kernel, local_run, stages, mi
     assert len(result["plan"]["stages"]) == stages and len(result["plan"]["cuts"]) == stages - 1
     layers = [name for stage in result["plan"]["stages"] for name in stage["layers"]]
     assert layers == kernel.value("[layer.name for layer in model.layers]")
+    # the replicas of a stage applied the same summed gradients: the same bits
+    same = kernel.value(f"(lambda r: all((a == b).all() for s in range({stages}) for k in range(1, {replicas}) for a, b "
+                        f"in zip(r.results[r.workers[s]][0].weights, r.results[r.workers[s + k * {stages}]][0].weights)))"
+                        "(nbdist.last_run)")
+    assert same
 
 
 def test_auto_split_balances_measured_layer_time_and_says_so(kernel, cluster):

@@ -107,3 +107,17 @@ def test_the_stages_results_are_put_together_in_the_whole_models_order():
     assert [float(w) for w in merged.weights] == [0.0, 1.0, 2.0]
     assert [float(v) for v in merged.optimizer_weights] == [7.0, 0.1, 10.0, 11.0, 20.0, 21.0]
     assert merged.history == {"loss": [0.5]} and len(merged.parts["stages"]) == 2
+
+
+def test_a_workers_position_among_replicated_pipelines():
+    from nbdist.pipeline.replicas import Position
+
+    # 2 pipelines of 3 stages: ranks 0-2 and 3-5
+    middle = Position(rank=4, stages=3, replicas=2)
+    assert (middle.stage, middle.replica, middle.up, middle.down, middle.peers) == (1, 1, 3, 5, [1])
+    assert middle.neighbours() == [3, 5, 1] and middle.role() == "pipeline stage 1 of replica 1"
+    assert Position(0, 3, 2).neighbours() == [1, 3] and Position(5, 3, 2).neighbours() == [4, 2]
+    batch = np.arange(10)
+    assert Position(0, 3, 2).share(batch).tolist() == [0, 2, 4, 6, 8]
+    assert Position(3, 3, 2).share(batch).tolist() == [1, 3, 5, 7, 9]
+    assert Position(1, 2).role() == "pipeline stage 1" and Position(1, 2).share(batch).tolist() == batch.tolist()

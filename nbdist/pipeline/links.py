@@ -26,8 +26,8 @@ FLUSH_MS = 5000  # a closing stage's sends get this long to leave (a dead neighb
 class AddressBook:
     """Kernel side: collects every stage's hello, then answers all with the addresses and the split."""
 
-    def __init__(self, stages: int, key: bytes):
-        self.stages, self.key = stages, key
+    def __init__(self, workers: int, key: bytes):
+        self.workers, self.key = workers, key
         self.address: str | None = None
         self._stop = threading.Event()
         self._thread = self._socket = self._context = None
@@ -55,8 +55,8 @@ class AddressBook:
                 hellos[int(header["stage"])] = (ident, header)
             except (wire.Rejected, KeyError, ValueError):
                 continue  # not from this run's stages: never acted on
-            if len(hellos) == self.stages:
-                reply = wire.encode(self.key, "peers", addresses=[hellos[s][1]["address"] for s in range(self.stages)],
+            if len(hellos) == self.workers:
+                reply = wire.encode(self.key, "peers", addresses=[hellos[s][1]["address"] for s in range(self.workers)],
                                     split=hellos[0][1].get("split"))
                 for ident_, _ in hellos.values():
                     self._socket.send_multipart([ident_, *reply])
@@ -75,13 +75,13 @@ class AddressBook:
 class StageLinks:
     """One stage's inbox and its sends to the stages before and after it."""
 
-    def __init__(self, spec: dict, stage: int, engines: list[int], paused=lambda: False):
+    def __init__(self, spec: dict, rank: int, engines: list[int], paused=lambda: False):
         import zmq
 
         from ..netroute import local_ip_towards
 
         self.key = bytes.fromhex(spec["key"])
-        self.stage, self.engines, self.paused = stage, engines, paused
+        self.rank, self.engines, self.paused = rank, engines, paused
         self.silence_s = float(spec.get("silence_s", SILENCE_S))
         self._context = zmq.Context()
         self._inbox = self._context.socket(zmq.PULL)
@@ -94,38 +94,40 @@ class StageLinks:
         self.bytes_sent = 0
         self.rejected = 0
 
-    def join(self, split=None, timeout_s: float = 120.0):
-        """Say hello to the kernel's address book; returns the split stage 0 chose, once all stages are in."""
+    def join(self, targets: list[int], split=None, timeout_s: float = 120.0):
+        """Say hello to the kernel's address book and connect to the ranks `targets`; returns the split
+        rank 0 chose, once every worker is in."""
         import zmq
 
         book = self._context.socket(zmq.DEALER)
         book.setsockopt(zmq.LINGER, 0)
         book.connect(self._book_address)
         try:
-            book.send_multipart(wire.encode(self.key, "hello", stage=self.stage, address=self.address, split=split))
+            book.send_multipart(wire.encode(self.key, "hello", stage=self.rank, address=self.address, split=split))
             if not book.poll(int(timeout_s * 1000)):
-                raise ClusterError(f"pipeline stage {self.stage} (engine {self.engines[self.stage]}): the other stages "
+                raise ClusterError(f"pipeline rank {self.rank} (engine {self.engines[self.rank]}): the other workers "
                                    f"did not all start within {timeout_s:.0f} s.")
             peers = wire.decode(self.key, book.recv_multipart()).header
         finally:
             book.close(linger=0)
-        for neighbour in (self.stage - 1, self.stage + 1):
-            if 0 <= neighbour < len(self.engines):
-                sock = self._context.socket(zmq.PUSH)
-                sock.setsockopt(zmq.LINGER, FLUSH_MS)  # the last step's logs must still reach the stage before
-                sock.connect(peers["addresses"][neighbour])
-                self._out[neighbour] = sock
+        for target in targets:
+            sock = self._context.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, FLUSH_MS)  # the last step's logs must still reach the stage before
+            sock.connect(peers["addresses"][target])
+            self._out[target] = sock
         return peers["split"]
 
-    def send(self, to: int, kind: str, step: int, micro: int, array: np.ndarray | None = None, **fields) -> None:
-        """Send `array` (an activation or its gradient) or a bare message to neighbour stage `to`."""
-        arrays = {"t": array} if array is not None else None
-        frames = wire.encode(self.key, kind, arrays, step=step, m=micro, stage=self.stage, **fields)
+    def send(self, to: int, kind: str, step: int, micro: int, array: np.ndarray | None = None,
+             arrays: dict | None = None, **fields) -> None:
+        """Send `array` (an activation or its gradient), `arrays`, or a bare message to rank `to`."""
+        arrays = {"t": array} if array is not None else arrays
+        frames = wire.encode(self.key, kind, arrays, step=step, m=micro, stage=self.rank, **fields)
         self.bytes_sent += sum(len(f) for f in frames)
         self._out[to].send_multipart(frames, copy=len(frames) < 3)
 
     def receive(self, kind: str, step: int, micro: int, source: int) -> wire.Message:
-        """The message `kind` of this step and micro-batch from stage `source`, waiting (bounded) for it."""
+        """The message `kind` of this step and micro-batch (or replica) from rank `source`, waiting
+        (bounded) for it."""
         import zmq
 
         want = (kind, step, micro)
@@ -144,7 +146,7 @@ class StageLinks:
                 heard = time.monotonic()  # a pause lasts as long as the user wants
             elif time.monotonic() - heard > self.silence_s:
                 raise ClusterError(
-                    f"pipeline stage {self.stage} (engine {self.engines[self.stage]}) heard nothing from stage "
+                    f"pipeline rank {self.rank} (engine {self.engines[self.rank]}) heard nothing from rank "
                     f"{source} (engine {self.engines[source]}) for {self.silence_s:.0f} s while waiting for its "
                     f"{kind} of micro-batch {micro} at step {step}: that engine stopped or died.")
         return self._pending.pop(want)

@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from . import schedule as schedules
+from .replicas import METRICS, RGRAD, Position, summed
 
 ACT, GRAD, LOGS = "act", "grad", "logs"
 
@@ -78,14 +79,15 @@ def gather(data, indices):
     return tf.convert_to_tensor(data[indices])
 
 
-def stage_model(part, stage: int, stages: int, links, engines, plan: dict, arrays: dict):
-    """The Keras model of stage `stage`: `part` (a callable Keras model or layer chain) with the
-    pipeline's train and test steps. `arrays` holds what this stage reads: x (first), y and
+def stage_model(part, position: Position, links, plan: dict, arrays: dict):
+    """The Keras model of the stage at `position`: `part` (a callable Keras model or layer chain) with
+    the pipeline's train and test steps. `arrays` holds what this stage reads: x (first), y and
     sample weights (last), for "train" and "val"."""
     import keras
     import tensorflow as tf
 
-    first, last = stage == 0, stage == stages - 1
+    stage, stages = position.stage, position.stages
+    first, last = position.first, position.last
 
     class Stage(keras.Model):
         def __init__(self):
@@ -100,15 +102,16 @@ def stage_model(part, stage: int, stages: int, links, engines, plan: dict, array
         def call(self, inputs, training=False):
             return self.part(inputs, training=training)
 
-        def get_metrics_result(self):
-            return super().get_metrics_result() if last else dict(self.latest_logs)
+        def get_metrics_result(self):  # what every stage and replica agreed for the last step
+            return dict(self.latest_logs)
 
         # --- one train step: the schedule over M micro-batches ------------------------------
         def train_step(self, data):
             started = time.perf_counter()
             indices = _indices(data)
-            micro = np.array_split(indices, min(plan["microbatches"], len(indices)))
-            weights = [len(m) / len(indices) for m in micro]
+            own = position.share(indices)
+            micro = np.array_split(own, min(plan["microbatches"], len(own)))
+            weights = [len(m) / len(indices) for m in micro]  # shares of the whole batch: replicas' sums add up
             step, held = self._next_step(), {}
             grads = [tf.zeros_like(v) for v in self.trainable_weights]
             loss = 0.0
@@ -121,21 +124,25 @@ def stage_model(part, stage: int, stages: int, links, engines, plan: dict, array
                     t0 = time.perf_counter()
                     grads = [g if mg is None else g + mg for g, mg in zip(grads, micro_grads)]
                     self.busy_s += time.perf_counter() - t0
+            if position.replicas > 1:  # every replica applies the sum of all replicas' gradients
+                grads = [tf.convert_to_tensor(g) for g in summed(position, links, RGRAD, step,
+                                                                   [np.asarray(g) for g in grads])]
             t0 = time.perf_counter()
             if self.trainable_weights:
                 self.optimizer.apply_gradients(zip(grads, self.trainable_weights))
             self.busy_s += time.perf_counter() - t0
             self.step_s += time.perf_counter() - started
-            return self._finish_step(step, len(indices), loss)
+            return self._finish_step(step, len(own), len(indices), loss)
 
         def test_step(self, data):
             indices = _indices(data)
-            micro = np.array_split(indices, min(plan["microbatches"], len(indices)))
+            own = position.share(indices)
+            micro = np.array_split(own, min(plan["microbatches"], len(own)))
             step, loss = self._next_step(), 0.0
             for m, part_indices in enumerate(micro):
                 loss += self._forward(step, m, part_indices, len(part_indices) / len(indices), arrays["val"],
                                       training=False)[1]
-            return self._finish_step(step, len(indices), loss)
+            return self._finish_step(step, len(own), len(indices), loss)
 
         def _next_step(self) -> int:
             self.step_id += 1
@@ -148,7 +155,7 @@ def stage_model(part, stage: int, stages: int, links, engines, plan: dict, array
             if first:
                 x, carried = gather(source["x"], part_indices), 0.0
             else:
-                message = links.receive(ACT, step, m, stage - 1)
+                message = links.receive(ACT, step, m, position.up)
                 t0 = time.perf_counter()
                 x, carried = tf.convert_to_tensor(np.array(message.arrays["t"])), float(message.header["reg"])
             with tf.GradientTape(watch_accessed_variables=training) as tape:
@@ -161,7 +168,7 @@ def stage_model(part, stage: int, stages: int, links, engines, plan: dict, array
                     target = tf.add_n(self.losses) * weight if self.losses else None
             own = float(target) if (target is not None and not last) else 0.0
             if not last:
-                links.send(stage + 1, ACT, step, m, np.asarray(y), reg=carried + own)
+                links.send(position.down, ACT, step, m, np.asarray(y), reg=carried + own)
             if training:  # the busy fraction is of train steps
                 self.busy_s += time.perf_counter() - t0
             return (tape, x, y, target), (float(target) + carried if last else 0.0)
@@ -179,7 +186,7 @@ def stage_model(part, stage: int, stages: int, links, engines, plan: dict, array
             if last:
                 output_gradient = None
             else:
-                message = links.receive(GRAD, step, m, stage + 1)
+                message = links.receive(GRAD, step, m, position.down)
                 output_gradient = tf.convert_to_tensor(np.array(message.arrays["t"]))
             t0 = time.perf_counter()
             sources = list(self.trainable_weights) + ([] if first else [x])
@@ -191,26 +198,42 @@ def stage_model(part, stage: int, stages: int, links, engines, plan: dict, array
                 targets, seeds = [y], [output_gradient]
             grads = tape.gradient(targets, sources, output_gradients=seeds) if sources else []
             if not first:
-                links.send(stage - 1, GRAD, step, m, np.asarray(grads[-1]))
+                links.send(position.up, GRAD, step, m, np.asarray(grads[-1]))
                 grads = grads[:-1]
             self.busy_s += time.perf_counter() - t0
             return grads
 
-        def _finish_step(self, step, samples, loss):
+        def _finish_step(self, step, own_samples, samples, loss):
             """The last stage's logs and the control flags agreed for this step, on every stage."""
             if last:
-                self._loss_tracker.update_state(loss, sample_weight=samples)
-                logs = {k: float(v) for k, v in super().get_metrics_result().items()}
+                # this replica's mean over its own samples of the whole batch's loss terms
+                self._loss_tracker.update_state(loss * samples / own_samples, sample_weight=own_samples)
                 flags = self.control.flags() if self.control is not None else np.zeros(2, np.float32)
+                logs, flags = self._agreed_logs(step, flags)
             else:
-                message = links.receive(LOGS, step, 0, stage + 1)
+                message = links.receive(LOGS, step, 0, position.down)
                 logs, flags = dict(message.header["logs"]), np.asarray(message.header["flags"], np.float32)
             if not first:
-                links.send(stage - 1, LOGS, step, 0, logs=logs, flags=[float(f) for f in flags])
+                links.send(position.up, LOGS, step, 0, logs=logs, flags=[float(f) for f in flags])
             if self.control is not None:
                 self.control.act(flags)
             self.latest_logs = logs
             return logs
+
+        def _agreed_logs(self, step, flags):
+            """The whole batch's logs: the last stages' metric states summed over the replicas (every
+            replica the same numbers), and the control flags any replica saw."""
+            if position.replicas == 1:
+                return {k: float(v) for k, v in super().get_metrics_result().items()}, flags
+            variables = list(self.metrics_variables)
+            own = [np.asarray(v.numpy()) for v in variables]
+            total = summed(position, links, METRICS, step, own + [np.asarray(flags, np.float32)])
+            for variable, value in zip(variables, total):
+                variable.assign(value)
+            logs = {k: float(v) for k, v in super().get_metrics_result().items()}
+            for variable, value in zip(variables, own):
+                variable.assign(value)
+            return logs, total[-1]
 
     return Stage()
 

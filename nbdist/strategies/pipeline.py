@@ -18,6 +18,7 @@ from ..netroute import address_towards_cluster
 from ..pipeline import schedule as schedules
 from ..pipeline import split as splits
 from ..pipeline.links import AddressBook, StageLinks
+from ..pipeline.replicas import Position
 from ..pipeline.stage import gather, index_batches, stage_model
 from ..ps import wire
 from .base import Option, Reports, Strategy, Worker
@@ -28,6 +29,9 @@ MICROBATCHES = Option("--microbatches", "micro-batches each mini-batch is cut in
                       "idle bubble (K-1)/(M+K-1))", type=int, default=4, metavar="M", minimum=1)
 SPLIT = Option("--split", "where to cut the model: auto (balance measured per-layer time) or the names of the "
                "layers after which to cut, comma-separated (pipeline)", default="auto", metavar="auto|NAMES")
+REPLICAS = Option("--replicas", "data parallelism across pipelines: R pipelines of K stages on R x K engines, each "
+                  "taking every R-th sample of a batch, the replicas of a stage summing their gradients (pipeline)",
+                  type=int, default=1, metavar="R", minimum=1)
 SCHEDULE = Option("--schedule", "micro-batch order: 1f1b (one forward, one backward; at most K micro-batches "
                   "of activations per stage) or gpipe (all forwards, then all backwards)", default="1f1b",
                   choices=schedules.KINDS)
@@ -39,12 +43,17 @@ class PipelineWorker(Worker):
     """One stage: builds its part of the model, frees the rest, and runs Keras' `fit` on the part."""
 
     @property
+    def position(self) -> Position:
+        return Position(self.rank, self.config["stages"], self.config["replicas"])
+
+    @property
     def last(self) -> bool:
-        return self.rank == self.size - 1
+        return self.position.last
 
     @property
     def keeps_callbacks(self) -> bool:
-        return self.last  # the stage that computes the loss holds the callbacks' state a local fit would
+        # the first pipeline's last stage computes the loss: its callbacks hold what a local fit's would
+        return self.rank == self.position.stages - 1
 
     def cell_context(self):
         import tensorflow as tf
@@ -66,11 +75,10 @@ class PipelineWorker(Worker):
                            paused=lambda: bool(control.flags()[0]))
         try:
             plan = self._plan(chain, arrays, request) if self.rank == 0 else None
-            plan = links.join(split=plan)
-            part = splits.stage_part(chain, plan["cut_at"], self.rank)
-            stage = stage_model(part, self.rank, self.size, links, self.config["engines"],
-                                {**plan, "microbatches": self.config["microbatches"],
-                                 "schedule": self.config["schedule"]}, self._own(arrays))
+            plan = links.join(self.position.neighbours(), split=plan)
+            part = splits.stage_part(chain, plan["cut_at"], self.position.stage)
+            stage = stage_model(part, self.position, links, {**plan, "microbatches": self.config["microbatches"],
+                                                              "schedule": self.config["schedule"]}, self._own(arrays))
             self.layout = stage_layout(model, part)
             stage.compile(**stage_compile_args(model, self.last), run_eagerly=True)
             stage.optimizer.build(stage.trainable_variables)
@@ -108,8 +116,8 @@ class PipelineWorker(Worker):
         stage's optimizer); the file writers run on the last stage only."""
         from .. import callbacks
 
-        kept, changes = callbacks.for_rank(request.callbacks, 0 if self.last else self.rank + 1, self.size)
-        self.files_written = callbacks.files_written(kept) if self.last else []
+        kept, changes = callbacks.for_rank(request.callbacks, 0 if self.keeps_callbacks else self.rank + 1, self.size)
+        self.files_written = callbacks.files_written(kept) if self.keeps_callbacks else []
         return kept, changes
 
     def _plan(self, chain, arrays, request) -> dict:
@@ -122,9 +130,10 @@ class PipelineWorker(Worker):
             costs, basis = time_segments(chain, arrays["train"]["x"], int(request.batch_size or 32)), "time"
         names = [seg[-1].name for seg in segments]
         if requested == "auto":
-            cuts = splits.balanced_cuts(names, costs, chain.cuttable, self.size)
+            cuts = splits.balanced_cuts(names, costs, chain.cuttable, self.position.stages)
         else:
-            cuts = splits.check_cuts(chain, [n.strip() for n in requested.split(",") if n.strip()], self.size)
+            cuts = splits.check_cuts(chain, [n.strip() for n in requested.split(",") if n.strip()],
+                                     self.position.stages)
         return {"cuts": cuts, "cut_at": splits.positions(chain, cuts), "basis": basis, "requested": requested,
                 "segments": [{"layers": [layer.name for layer in seg], "bytes": b, "cost": c}
                              for seg, b, c in zip(segments, sizes, costs)]}
@@ -132,7 +141,7 @@ class PipelineWorker(Worker):
     def _own(self, arrays: dict) -> dict:
         """What this stage reads of the data: the inputs on the first stage, labels and weights on the last."""
         def part(data):
-            return None if data is None else {"x": data["x"] if self.rank == 0 else None,
+            return None if data is None else {"x": data["x"] if self.position.first else None,
                                               "y": data["y"] if self.last else None,
                                               "sample_weight": data["sample_weight"] if self.last else None}
 
@@ -146,7 +155,8 @@ class PipelineWorker(Worker):
                            history={k: [float(v) for v in vals] for k, vals in history.history.items()},
                            params=dict(history.params or {}), epoch=list(history.epoch), records=list(records),
                            timings=dict(timings), callbacks=list(states), files=list(self.files_written))
-        result.parts = {"stage": self.rank, "weight_index": self.layout["weight_index"],
+        result.parts = {"stage": self.position.stage, "replica": self.position.replica,
+                        "weight_index": self.layout["weight_index"],
                         "trainable_index": self.layout["trainable_index"],
                         "optimizer_prefix": optimizer_prefix(stage.optimizer),
                         "busy_s": stage.busy_s, "step_s": stage.step_s, "bytes_sent": self.links.bytes_sent,
@@ -294,7 +304,7 @@ class PipelineStrategy(Strategy):
 
     name = "pipeline"
     summary = "model parallel between layers: K stages, micro-batches on a 1F1B or GPipe schedule"
-    reads = (STAGES, MICROBATCHES, SPLIT, SCHEDULE)
+    reads = (STAGES, MICROBATCHES, SPLIT, SCHEDULE, REPLICAS)
     reports = Reports(panels=("loss", "throughput", "bubble"), controls=("pause", "resume", "stop"))
     worker_class = PipelineWorker
     min_workers = 2
@@ -302,34 +312,46 @@ class PipelineStrategy(Strategy):
     def __init__(self, values):
         super().__init__(values)
         self.book: AddressBook | None = None
+        self.stages: int | None = None
 
     def choose_workers(self, available, workers, targets):
-        stages = self.value("stages")
-        if stages is not None and workers is not None and workers != stages:
-            raise OptionError(f"--strategy pipeline runs one stage per engine: give --stages or --workers, or the "
-                              f"same number. Received: --stages {stages} --workers {workers}")
-        chosen = super().choose_workers(available, workers if workers is not None else stages or (
-            None if targets else 2), targets)
+        stages, replicas = self.value("stages"), int(self.value("replicas") or 1)
+        needed = stages * replicas if stages is not None else None
+        if needed is not None and workers is not None and workers != needed:
+            raise OptionError(f"--strategy pipeline runs one stage per engine, --stages x --replicas engines: give "
+                              f"--stages or --workers, or matching numbers. Received: --stages {stages} --replicas "
+                              f"{replicas} --workers {workers}")
+        count = workers if workers is not None else needed or (None if targets else 2 * replicas)
+        chosen = super().choose_workers(available, count, targets)
+        if len(chosen) % replicas or len(chosen) // replicas < 2:
+            raise OptionError(f"--replicas {replicas} needs a multiple of {replicas} engines, at least 2 stages each. "
+                              f"Received: {len(chosen)} engine(s) {chosen}.")
         return chosen
 
     def role(self, rank: int) -> str:
-        return f"pipeline stage {rank}"
+        replicas = int(self.value("replicas") or 1)
+        return Position(rank, self.stages or rank + 1, replicas).role()
 
     def prepare(self, run, cluster) -> dict:
         key = wire.new_key()
         address = address_towards_cluster(cluster.client, all(cluster.shares_network(e) for e in run.workers))
         self.book = AddressBook(len(run.workers), key)
         book = self.book.start(address)
+        replicas = int(self.value("replicas") or 1)
+        self.stages = len(run.workers) // replicas
         return {"links": {"book": book, "key": key.hex()}, "engines": list(run.workers),
+                "stages": self.stages, "replicas": replicas,
                 "microbatches": int(self.value("microbatches")), "schedule": self.value("schedule")}
 
     @classmethod
     def gather_result(cls, run) -> list:
         """The whole model of each `fit`: every stage's variables and optimizer slots in their places; History,
         callbacks and records from the last stage."""
-        per_stage = [run.results.get(eid) or [] for eid in run.workers]
-        if not per_stage or any(len(r) != len(per_stage[-1]) for r in per_stage) or not per_stage[-1]:
-            return []
+        results = [run.results.get(eid) or [] for eid in run.workers]
+        per_stage = [r for r in results if r and r[0].parts.get("replica", 0) == 0]  # the first pipeline's
+        stages = len(run.workers) // int(run.options.get("replicas") or 1)
+        if len(per_stage) != stages or any(len(r) != len(per_stage[-1]) for r in per_stage):
+            return []  # a stage did not finish: there is no whole model to install
         return [assemble([stage_results[i] for stage_results in per_stage]) for i in range(len(per_stage[-1]))]
 
     def finish(self, run) -> None:
