@@ -97,6 +97,7 @@ class LabChannel:
             channel.send({"type": "dashboard", "run": run_id, **self._dashboard(run_id)})
         elif action == "theme":  # the dashboards' plots follow JupyterLab's theme; nothing to answer
             self.session.theme = "dark" if data.get("dark") else "light"
+            self.session.changed("theme")
         else:
             channel.send({"type": "ack", "action": action, "run": run_id, "ok": False,
                           "message": f"unknown action {action!r}"})

@@ -53,6 +53,15 @@ def test_dashboard_draws_and_its_pause_and_resume_act_in_a_real_browser(lab, clu
             assert page.locator(".js-plotly-plot .scatterlayer .trace").count() >= 2
             page.screenshot(path=str(SCREENSHOTS / "dashboard-during-training.png"), full_page=True)
 
+            # JupyterLab's dark theme: the extension tells the kernel, the plots turn dark while training
+            page.click(".lm-MenuBar-itemLabel:text-is('Settings')")
+            page.click(".lm-Menu-itemLabel:text-is('Theme')")
+            page.click(".lm-Menu-itemLabel:text-is('JupyterLab Dark')")
+            page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'")
+            page.wait_for_function("""() => [...document.querySelectorAll('.js-plotly-plot .main-svg')]
+                .some(svg => getComputedStyle(svg).backgroundColor === 'rgb(17, 17, 17)')""")  # plotly_dark's paper
+            page.screenshot(path=str(SCREENSHOTS / "dashboard-dark-theme.png"), full_page=True)
+
             page.click(f"{DASHBOARD} button:has-text('Pause')")
             page.wait_for_selector("text=pause acknowledged")
             page.wait_for_selector("text=phase paused")

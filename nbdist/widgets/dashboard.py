@@ -78,6 +78,7 @@ class Dashboard:
                                  self.figure, self.table])
         self.template = None
         self._follow_theme()
+        self._listen_for_theme()
         # the cell's display of the box, replaced by the static figure at the end (the box lives on in tabs)
         self.handle = display(self.box) if display is not None else show(self.box, display_id=True)
 
@@ -172,6 +173,14 @@ class Dashboard:
                     self.series[(panel.name, k)].add(x, row.get(panel.field))
         if telemetry.get("control"):
             self.control_state = telemetry["control"][0]
+
+    def _listen_for_theme(self) -> None:
+        """An ended dashboard no longer redraws: a theme change reaches it from the session."""
+        from .. import get_session
+
+        session = get_session()
+        if session is not None:
+            session.listeners.append(lambda what: self._follow_theme() if what == "theme" else None)
 
     def _follow_theme(self) -> None:
         """Plotly's dark or light template, as JupyterLab's theme is (the extension tells the kernel)."""
