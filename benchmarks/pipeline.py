@@ -1,12 +1,13 @@
 """`--strategy pipeline` against `local` on the same engines: bubble, per-stage memory, throughput.
 
-One MLP on Fashion-MNIST, K = 2 stages, M in {1, 2, 4, 8} micro-batches (1F1B): each stage's
+One MLP on Fashion-MNIST whose two halves cost the same (the theory assumes equal stages), K = 2
+stages, M in {1, 2, 4, 8} micro-batches (1F1B): each stage's
 measured idle fraction (1 - busy / step time) against the theory (K-1)/(M+K-1); each stage's
 variable + optimizer-slot bytes against a local run's; samples/s against `local` (2 cores cannot
 show a speed-up: this records the cost). Then a model with over 1 GB of variables trained for a
 few steps, K = 2, on fresh engines: each engine's peak resident memory against a local run's.
 
-    .venv/bin/python benchmarks/pipeline.py [--samples 4096 --batch 256 --epochs 3 --big-steps 3]
+    .venv/bin/python benchmarks/pipeline.py [--samples 8192 --batch 1024 --epochs 3 --big-steps 3]
 
 Ends with:
     RESULT pipeline_bubble_excess=<measured minus theory, at M=8>
@@ -29,10 +30,10 @@ DEFINITION = textwrap.dedent('''
     from nbdist.datasets import fashion_mnist
     (x, y), _ = fashion_mnist(limit={samples})
     x = x.reshape(len(x), -1).astype("float32") / 255
-    def build():
+    def build():  # two halves of equal cost: 784x1024 + 1024x1024 | 1024x1024 + 1024x784 + 784x10
         return keras.Sequential([keras.Input((784,)), keras.layers.Dense(1024, activation="relu"),
                                  keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(1024, activation="relu"),
-                                 keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10, activation="softmax")])
+                                 keras.layers.Dense(784, activation="relu"), keras.layers.Dense(10, activation="softmax")])
     def build_big():  # 4 x 8192 x 8192 float32 kernels: 1.07 GB of variables
         return keras.Sequential([keras.Input((8192,))] + [keras.layers.Dense(8192) for _ in range(4)]
                                 + [keras.layers.Dense(10)])
@@ -111,8 +112,8 @@ def big_model(ip, session, args) -> tuple[list, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=4096)
-    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--samples", type=int, default=8192)
+    parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--big-steps", type=int, default=3)
     args = parser.parse_args()

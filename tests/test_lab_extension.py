@@ -127,6 +127,10 @@ def test_sidebar_status_and_commands_in_a_real_jupyterlab(lab):
             page.click(f"{running} .jp-nbdist-stop")
             page.wait_for_selector("#nbdist-sidebar >> text=run 2: stopping")
             page.wait_for_selector("#nbdist-sidebar .jp-nbdist-run[data-run-id='2'][data-status='done']")
+            # the tab opened during the run keeps the run's figures once it has ended, and says how it ended
+            page.wait_for_selector(".jp-nbdist-dashboard-view:has-text('stopped at epoch')")
+            assert page.locator(".jp-nbdist-dashboard-view .js-plotly-plot .scatterlayer .trace").count() >= 2
+            page.screenshot(path=str(SCREENSHOTS / "lab-dashboard-tab-ended.png"))
             wait_for_count(page, 4, 5)
             run_cell(page, 5, 6)
             output = page.locator(".jp-Notebook .jp-Cell >> nth=5 >> .jp-OutputArea-output").inner_text()

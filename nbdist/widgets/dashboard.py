@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import html
+import re
 import statistics
 import time
 
@@ -267,15 +268,21 @@ class Dashboard:
             pass
         self.controls.box.layout.display = "none"
         self.static = go.Figure(self.figure)
+        # the header (how the run ended, its time) travels with the figure that replaces the widget
+        title = html.unescape(re.sub(r"<[^>]+>", "", self.header.value))
+        self.static.update_layout(title={"text": title, "x": 0, "font": {"size": 13}},
+                                  margin={"t": 80, "b": 30})
 
     def conclude(self) -> None:
         """In the cell that waits for the run: the dashboard gives way to a static figure, which a saved
         notebook keeps (plotly's own mimetype, no widget state needed). The widget itself stays, with its
         final figures, for a dashboard tab opened from the sidebar."""
+        import plotly.io as pio
         from IPython.display import display
 
-        if hasattr(self.handle, "update"):
-            self.handle.update(self.static)
+        if hasattr(self.handle, "update"):  # plotly's own display ignores display ids: send its mimetype
+            bundle = pio.renderers["plotly_mimetype"].to_mimebundle(self.static.to_dict())
+            self.handle.update({**bundle, "text/plain": f"<run {self.run.id}: final figure>"}, raw=True)
         else:
             display(self.static)
 
