@@ -84,7 +84,7 @@ class PipelineWorker(Worker):
             stage.optimizer.build(stage.trainable_variables)
             copy_optimizer_state(model, stage, self.layout)
             release_other_variables(model, part)
-            stage.control = control
+            stage.steps.control = control
             self.stage, self.plan, self.links = stage, plan, links
             return self._fit_stage(request, stage, arrays)
         finally:
@@ -101,15 +101,16 @@ class PipelineWorker(Worker):
                if arrays["val"] is not None else None)
         kept, self.callback_changes = self._callbacks_for_stage(request)
         reporter = self.make_reporter(batch)
-        reporter.extra = lambda: {"bytes_sent": self.links.bytes_sent, "compute_s": stage.busy_s,
-                                  "comm_s": stage.step_s - stage.busy_s,
-                                  "bubble": 1 - stage.busy_s / stage.step_s if stage.step_s else None}
+        steps = stage.steps
+        reporter.extra = lambda: {"bytes_sent": self.links.bytes_sent, "compute_s": steps.busy_s,
+                                  "comm_s": steps.step_s - steps.busy_s,
+                                  "bubble": 1 - steps.busy_s / steps.step_s if steps.step_s else None}
         # Keras' own fit (the cell's fit is nbdist's), in order; IndexBatches shuffles, Keras must not
         return request.original_fit(stage, train, validation_data=val, epochs=request.epochs,
                                     initial_epoch=request.initial_epoch, steps_per_epoch=request.steps_per_epoch,
                                     validation_steps=request.validation_steps, validation_freq=request.validation_freq,
                                     verbose=0, shuffle=False,
-                                    callbacks=[*kept, stop_when_stopped(stage.control), reporter])
+                                    callbacks=[*kept, stop_when_stopped(steps.control), reporter])
 
     def _callbacks_for_stage(self, request):
         """Every stage runs the cell's callbacks on the same logs (a learning-rate change acts on every
@@ -159,7 +160,8 @@ class PipelineWorker(Worker):
                         "weight_index": self.layout["weight_index"],
                         "trainable_index": self.layout["trainable_index"],
                         "optimizer_prefix": optimizer_prefix(stage.optimizer),
-                        "busy_s": stage.busy_s, "step_s": stage.step_s, "bytes_sent": self.links.bytes_sent,
+                        "busy_s": stage.steps.busy_s, "step_s": stage.steps.step_s,
+                        "bytes_sent": self.links.bytes_sent,
                         "variable_bytes": int(sum(w.nbytes for w in weights) + sum(o.nbytes for o in optimizer)),
                         "plan": self.plan}
         return result
