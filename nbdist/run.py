@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import signal
 import threading
 import time
@@ -98,7 +99,7 @@ class Run:
             return []
         offset = (self.started_at or 0.0) if self.clock == "virtual" else 0.0  # the shards log virtual seconds
         return [push_record(self.id, {**row, "t": row["t"] + offset})
-                for row in log_rows(self.ps[0]["log_fields"], self.ps[0]["log"])]
+                for row in log_rows(self.ps[0]["log_fields"], whole_log(self.ps[0]))]
 
     # -- facts every view of the run reads (dashboard, sidebar, progress line, reports) ------------
     def latest(self, rank: int = 0) -> dict:
@@ -185,6 +186,16 @@ class Run:
 
     def __repr__(self):
         return f"<Run {self.id} {self.strategy} on engines {self.workers}: {self.status}>"
+
+
+def whole_log(shard: dict) -> list[list]:
+    """A shard's whole push log: its file when the final stats' window holds less (a long run)."""
+    entries, path = shard.get("log") or [], shard.get("log_file")
+    if len(entries) < (shard.get("log_total") or 0) and path and os.path.exists(path):
+        from .ps import push_log
+
+        return push_log.read(path)
+    return entries
 
 
 def log_rows(fields, entries) -> list[dict]:

@@ -103,7 +103,7 @@ def test_learning_rate_multiplier_scales_the_next_updates():
     control(shard, "lr_scale", 0.5)
     push(shard, 0, 0)
     np.testing.assert_allclose(shard.variables["dense/bias"], -0.25)  # 0.5 x lr 0.5 x gradient 1
-    assert shard.log[-1][LOG_FIELDS.index("lr")] == 0.25
+    assert list(shard.log)[-1][LOG_FIELDS.index("lr")] == 0.25
 
 
 def test_evicted_worker_is_told_to_stop_and_no_longer_holds_anyone_back():
@@ -270,3 +270,31 @@ def test_epoch_logs_are_averaged_by_each_workers_share_of_the_data():
     assert {ident: fields["logs"] for ident, _, _, fields in replies} == {b"w0": {"loss": 2.0}, b"w1": {"loss": 2.0}}
     with pytest.raises(wire.Rejected, match="share is a positive number"):
         shard.handle(b"w0", message("epoch", worker=0, epoch=1, logs={"loss": 1.0}, share=0))
+
+
+def test_the_push_log_keeps_a_window_in_memory_and_every_push_in_its_file(tmp_path):
+    """A long run's log must not grow the shard: the stats carry the window, the file every push."""
+    from nbdist.ps.client import PsClient
+    from nbdist.run import Run, whole_log
+
+    path = tmp_path / "run-1.pushlog-0.jsonl"
+    info = launcher.start_shard({"shard": 0, "workers": 1, "log_path": str(path), "log_window": 50}, KEY)
+    address = [f"tcp://127.0.0.1:{info['port']}"]
+    try:
+        with PsClient(address, KEY, 0) as client:
+            client.request("init", [W0], optimizer=SGD, trainable=list(W0))
+            version = 0
+            for _ in range(120):
+                version = client.request("push", [grads(0.01)], version=version, step=version)[0].header["version"]
+        with PsClient(address, KEY, "controller", heartbeat=False) as controller:
+            recent = controller.request("stats", since=100)[0].header
+            final = controller.request("stats")[0].header
+            controller.request("stop")
+    finally:
+        launcher.stop_shard(info["pid"])
+    assert (recent["since"], len(recent["log"])) == (100, 20)  # the telemetry's read from where it left off
+    assert (final["since"], len(final["log"]), final["log_total"]) == (70, 50, 120)  # the window only
+    assert [entry[LOG_FIELDS.index("version")] for entry in whole_log(final)] == list(range(1, 121))
+    run = Run(id=1, cell="", strategy="nfdt", options={}, workers=[0])
+    run.ps = [final]
+    assert [r["version"] for r in run.push_records] == list(range(1, 121))

@@ -77,7 +77,7 @@ class AshlMeeting(ShardExtension):
         if not self.decide_at_epochs or shard.synchronous or epoch in self.decided:
             return True
         if epoch not in self.epoch_ends:
-            gammas = [entry[LOG_FIELDS.index("gamma")] for entry in shard.log[self.log_seen:]]
+            gammas = [entry[LOG_FIELDS.index("gamma")] for entry in shard.log.since(self.log_seen)[1]]
             gammas = [g for g in gammas if g is not None]
             self.log_seen = len(shard.log)
             self.epoch_ends[epoch] = {"logs": logs, "gammas": gammas}

@@ -75,9 +75,10 @@ def _state(shard, ident, worker, message):
 
 
 def _stats(shard, ident, worker, message):
-    since = int(message.header.get("since") or 0)
-    return [(ident, "stats", None, {**shard.summary(), "log_fields": shard.log_fields, "log": shard.log[since:],
-                                     "since": since, "events": shard.events})]
+    since, log = shard.log.since(int(message.header.get("since") or 0))
+    shard.log.flush()  # so the file holds at least what this reply reports
+    return [(ident, "stats", None, {**shard.summary(), "log_fields": shard.log_fields, "log": log, "since": since,
+                                     "log_total": len(shard.log), "log_file": shard.log.path, "events": shard.events})]
 
 
 def _control(shard, ident, worker, message):

@@ -54,6 +54,7 @@ def serve(config: dict, key: bytes, ready=print) -> None:
             if os.getppid() != parent:  # whoever started us is gone: do not linger as an orphan
                 break
     finally:
+        shard.log.close()
         socket.close()
         context.term()
 

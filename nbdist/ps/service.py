@@ -57,7 +57,7 @@ class PsService:
     def start(self, bind: str, cluster=None, engines: list[int] | None = None) -> None:
         """Start the shards on this host (engines None) or round-robin on the hosts of `engines`."""
         for i in range(self.count):
-            config = {**self.settings, "shard": i, "workers": self.workers}
+            config = {**self.settings, "shard": i, "workers": self.workers, "log_path": self.push_log_path(i)}
             if engines:
                 eid = engines[i % len(engines)]
                 started = cluster.client[eid].apply_async(launcher.start_shard_towards, config, self.key, bind)
@@ -70,6 +70,10 @@ class PsService:
             self.shards.append(ShardProcess(i, info["host"], info["pid"], f"tcp://{info['ip']}:{info['port']}", eid))
         self._monitor = threading.Thread(target=self._watch, name=f"nbdist-ps-monitor-{self.run_id}", daemon=True)
         self._monitor.start()
+
+    def push_log_path(self, shard: int) -> str:
+        """Where shard `shard` streams its whole push log: beside the run's checkpoint."""
+        return os.path.abspath(os.path.join(self.checkpoint_dir, f"run-{self.run_id}.pushlog-{shard}.jsonl"))
 
     @property
     def addresses(self) -> list[str]:

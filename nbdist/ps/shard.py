@@ -18,15 +18,15 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from ..optimizer_state import ITERATIONS
-from . import rules, wire
+from . import push_log, rules, wire
 from .compression import decode_push
 from .handlers import HANDLERS, HELD_KINDS
+from .push_log import PushLog
 from .release import SynchronousRounds, policy_for
 from .updaters import make_updater
 from .zero_copy import SharedArrays
 
 HEARTBEAT_TIMEOUT_S = 5.0
-LOG_LIMIT = 500_000  # push-log entries kept; past it the log stops growing (counters go on)
 CONTROLLER = "controller"
 CONTROLLER_KINDS = {"state", "stats", "restore", "stop", "heartbeat", "control"}
 LOG_FIELDS = ("t", "worker", "step", "version", "staleness", "outcome", "lead", "gamma", "momentum", "comp_norm",
@@ -116,7 +116,7 @@ class Shard:
         self.restored: dict | None = None
         self.counts = Counter(applied=0, acked=0, dropped=0, rejected=0)
         self.rejections: Counter = Counter()
-        self.log: list[list] = []
+        self.log = PushLog(config.get("log_path"), config.get("log_window") or push_log.WINDOW)
         self.events: list[dict] = []
         self.shared = SharedArrays()
         self.waiting: list[tuple[bytes, wire.Message]] = []  # held requests, in arrival order
@@ -364,11 +364,9 @@ class Shard:
                 "synchronous": self.synchronous, "evicted": [k for k, w in self.workers.items() if w.evicted]}
 
     def log_push(self, worker, step, staleness, info: dict, t: float | None = None) -> None:
-        if len(self.log) < LOG_LIMIT:
-            self.log.append([round(time.time() if t is None else t, 6), worker, step, self.version, staleness,
-                             info["outcome"],
-                             self.lead(), info.get("gamma"), info.get("momentum"), info.get("comp_norm"),
-                             info.get("lr")])
+        self.log.append([round(time.time() if t is None else t, 6), worker, step, self.version, staleness,
+                         info["outcome"], self.lead(), info.get("gamma"), info.get("momentum"), info.get("comp_norm"),
+                         info.get("lr")])
 
     def reject(self, reason: str, detail: str, worker=None) -> None:
         self.counts["rejected"] += 1
