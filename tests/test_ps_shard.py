@@ -189,7 +189,14 @@ def test_every_bad_message_is_rejected_counted_and_not_applied(shard_process):
     assert state.header["version"] == 0 and state.header["counts"]["applied"] == 0
     assert state.header["rejections"] == {reason: 1 for reason in cases}
     np.testing.assert_array_equal(state.arrays["dense/kernel"], W0["dense/kernel"])
-    assert ask(socket, good).header["version"] == 1  # a good push still goes through afterwards
+    fresh = wire.encode(KEY, "push", grads(), worker=0, version=0)
+    assert ask(socket, fresh).header["version"] == 1  # a good push still goes through afterwards
+    replayed = ask(socket, fresh)  # the same valid, signed frames again
+    assert (replayed.kind, replayed.header["reason"]) == ("rejected", "replayed")
+    unsequenced = ask(socket, resigned({k: v for k, v in json.loads(bytes(fresh[0])).items() if k != "seq"},
+                                       fresh[2:]))
+    assert (unsequenced.kind, unsequenced.header["reason"]) == ("rejected", "malformed")
+    assert ask(socket, wire.encode(KEY, "state", worker="controller")).header["version"] == 1  # neither applied
 
 
 def test_a_reply_is_signed_and_a_forged_key_cannot_read_it(shard_process):

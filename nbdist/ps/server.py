@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+import traceback
 
 from . import wire
 from .shard import Shard
@@ -32,6 +33,7 @@ def serve(config: dict, key: bytes, ready=print) -> None:
     parent = os.getppid()
     poller = zmq.Poller()
     poller.register(socket, zmq.POLLIN)
+    replays = wire.ReplayGuard()
 
     def send(replies):
         for ident, kind, arrays, fields in replies:
@@ -46,10 +48,16 @@ def serve(config: dict, key: bytes, ready=print) -> None:
                 received = socket.recv_multipart(copy=False)
                 ident, body = received[0].bytes, received[1:]
                 try:
-                    send(shard.handle(ident, wire.decode(key, body, max_bytes=shard.max_bytes)))
+                    message = wire.decode(key, body, max_bytes=shard.max_bytes)
+                    replays.check(message.header)
+                    send(shard.handle(ident, message))
                 except wire.Rejected as exc:
                     shard.reject(exc.reason, str(exc), _claimed_worker(body))
                     send([(ident, "rejected", None, {"reason": exc.reason, "detail": str(exc)[:300]})])
+                except Exception as exc:  # noqa: BLE001 - one message the rules did not foresee must not end the run
+                    traceback.print_exc()
+                    shard.reject("internal_error", repr(exc), _claimed_worker(body))
+                    send([(ident, "rejected", None, {"reason": "internal_error", "detail": repr(exc)[:300]})])
             send(shard.check_heartbeats(time.time()))
             if os.getppid() != parent:  # whoever started us is gone: do not linger as an orphan
                 break

@@ -1,0 +1,206 @@
+"""A mutation fuzzer against a live shard: no mutated message is applied, and the shard keeps serving.
+
+Every message is derived from a valid push of a real shard process (plain SGD, 2 workers):
+bit flips in the header, the signature or a buffer; truncated frames and buffers; duplicated
+and reordered frames; the same valid push sent again (a replay); a wrong run key; and, signed
+with the right key (a sender that holds it, sending junk), headers whose fields were changed
+at random (kinds, versions, workers, shapes, dtypes, tags, types). Between mutations a good
+push goes through every `--good-every` messages and must be applied. The anchor is the good
+pushes themselves: the shard's applied count must equal them exactly. Prints a table of
+rejections by reason, then:
+    RESULT ps_fuzz_applied=<mutated messages the shard applied>
+    RESULT ps_fuzz_crashes=<shard crashes or hangs>
+    RESULT ps_fuzz_unanswered=<mutated messages that got no answer within the timeout>
+    RESULT ps_fuzz_rss_growth_mb=<shard RSS growth over the run>
+
+    .venv/bin/python benchmarks/ps_fuzz.py [--messages 10000 --seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import hmac
+import json
+import os
+import random
+import sys
+import tempfile
+
+import numpy as np
+import zmq
+
+from nbdist.ps import launcher, wire
+
+SGD = {"name": "SGD", "learning_rate": 0.01}
+VARIABLES = {"dense/kernel": np.zeros((8, 4), np.float32), "dense/bias": np.zeros(4, np.float32)}
+ANSWER_S = 5.0
+SHARD_LOG = os.path.join(tempfile.gettempdir(), f"nbdist-ps-fuzz-{os.getpid()}.log")  # the shard's stderr
+JUNK = [None, True, -1, 0, 2**63, 1e308, float("nan"), "", "x" * 1000, [], {}, [1, 2], {"a": 1}]
+
+
+def grads() -> dict:
+    return {name: np.full(v.shape, 0.01, np.float32) for name, v in VARIABLES.items()}
+
+
+def sign(key: bytes, header: dict, buffers) -> list:
+    text = json.dumps(header).encode()
+    return [text, hmac.new(key, text, hashlib.sha256).digest(), *[bytes(b) for b in buffers]]
+
+
+def flip(data: bytes, rng: random.Random) -> bytes:
+    data = bytearray(data)
+    if data:
+        i = rng.randrange(len(data))
+        data[i] ^= 1 << rng.randrange(8)
+    return bytes(data)
+
+
+def junk_header(header: dict, rng: random.Random) -> dict:
+    """One to three fields of the header changed, removed or added, at random."""
+    header = json.loads(json.dumps(header))
+    for _ in range(rng.randint(1, 3)):
+        choice = rng.randrange(6)
+        if choice == 0:
+            header[rng.choice(list(header))] = rng.choice(JUNK)
+        elif choice == 1:
+            header.pop(rng.choice(list(header)), None)
+        elif choice == 2:
+            # kinds answered at once (a barrier or a command, such as stop, sent by a key holder is not junk)
+            header["kind"] = rng.choice(["pull", "probe", "stats", "state", "heartbeat", "report", "turn",
+                                         "profile", "bogus"])
+            header["worker"] = rng.choice([0, 1, "controller", 5, -3, None])
+        elif choice == 3 and isinstance(header.get("arrays"), list) and header["arrays"]:
+            spec = rng.choice(header["arrays"])
+            if not isinstance(spec, dict):
+                continue
+            key = rng.choice(["name", "dtype", "shape", "tag"])
+            spec[key] = rng.choice([*JUNK, "object", "float64", [3, 3], [0], "00" * 16, "dense/bias"])
+        elif choice == 4:
+            header["version"] = rng.choice([*JUNK, 10**9, -5])
+        else:
+            header[rng.choice(["epoch", "logs", "share", "batch", "step", "value", "compression", "vt",
+                               "since", "profile", "report", "action"])] = rng.choice(JUNK)
+    return header
+
+
+def mutate(key: bytes, rng: random.Random, worker: int, version: int) -> tuple[str, list]:
+    """(mutation name, frames): one message derived from a valid push of `worker` computed on `version`."""
+    valid = wire.encode(key, "push", grads(), worker=worker, version=version, step=0)
+    frames = [bytes(f) for f in valid]
+    header = json.loads(frames[0])
+    kind = rng.choice(["header_bit", "signature_bit", "buffer_bit", "truncate_frames", "truncate_buffer",
+                       "duplicate_frame", "reorder_buffers", "wrong_key", "junk_fields", "junk_fields"])
+    if kind == "header_bit":
+        frames[0] = flip(frames[0], rng)
+    elif kind == "signature_bit":
+        frames[1] = flip(frames[1], rng)
+    elif kind == "buffer_bit":
+        i = rng.randrange(2, len(frames))
+        frames[i] = flip(frames[i], rng)
+    elif kind == "truncate_frames":
+        frames = frames[:rng.randrange(1, len(frames))]
+    elif kind == "truncate_buffer":
+        i = rng.randrange(2, len(frames))
+        frames[i] = frames[i][:rng.randrange(len(frames[i]))]
+    elif kind == "duplicate_frame":
+        i = rng.randrange(len(frames))
+        frames.insert(i, frames[i])
+    elif kind == "reorder_buffers":
+        frames[2], frames[3] = frames[3], frames[2]
+    elif kind == "wrong_key":
+        frames = [bytes(f) for f in wire.encode(wire.new_key(), "push", grads(), worker=worker, version=version)]
+    else:
+        frames = sign(key, junk_header(header, rng), frames[2:])
+    return kind, frames
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def fuzz(messages: int, seed: int, good_every: int) -> dict:
+    key, rng = wire.new_key(), random.Random(seed)
+    info = launcher.start_shard({"shard": 0, "workers": 2, "heartbeat_timeout_s": 3600}, key, SHARD_LOG)
+    context = zmq.Context()
+    sockets = {w: context.socket(zmq.DEALER) for w in (0, 1)}
+    for socket in sockets.values():
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect(f"tcp://127.0.0.1:{info['port']}")
+
+    def ask(worker: int, frames) -> wire.Message | None:
+        socket = sockets[worker]
+        socket.send_multipart(frames)
+        return wire.decode(key, socket.recv_multipart()) if socket.poll(int(ANSWER_S * 1000)) else None
+
+    outcome: dict = {"mutations": collections.Counter(), "answers": collections.Counter(), "unanswered": 0,
+                     "good": 0, "good_failed": 0, "applied": collections.Counter()}
+    try:
+        ask(0, wire.encode(key, "init", VARIABLES, worker=0, optimizer=SGD, trainable=list(VARIABLES)))
+        version, rss_start = 0, rss_mb(info["pid"])
+        for n in range(messages):
+            if n % good_every == 0:  # the shard still serves good pushes, during and after
+                last_good = wire.encode(key, "push", grads(), worker=0, version=version, step=n)
+                reply = ask(0, last_good)
+                outcome["good"] += 1
+                if reply is None or reply.kind != "weights" or reply.header["version"] != version + 1:
+                    outcome["good_failed"] += 1
+                version = reply.header["version"] if reply is not None and reply.kind == "weights" else version
+            name, frames = ("replay", last_good) if n % 10 == 9 else mutate(key, rng, 1, version)
+            outcome["mutations"][name] += 1
+            reply = ask(1 if name != "replay" else 0, frames)
+            if reply is None:
+                outcome["unanswered"] += 1
+                continue
+            outcome["answers"][reply.header.get("reason") if reply.kind == "rejected" else reply.kind] += 1
+            if reply.kind == "weights" and reply.header.get("version", version) > version:
+                outcome["applied"][name] += 1  # the shard's version moved: it applied this message
+                version = reply.header["version"]
+        alive = launcher.exit_code(info["pid"]) is None
+        final = ask(0, wire.encode(key, "push", grads(), worker=0, version=version, step=messages)) if alive else None
+        outcome["good"] += 1
+        outcome["good_failed"] += final is None or final.kind != "weights"
+        state = ask(0, wire.encode(key, "stats", worker="controller")) if alive else None
+        outcome.update(alive=alive and state is not None, rss_start=rss_start,
+                       rss_end=rss_mb(info["pid"]) if alive else float("nan"),
+                       stats=state.header if state is not None else {})
+    finally:
+        for socket in sockets.values():
+            socket.close(linger=0)
+        context.term()
+        launcher.stop_shard(info["pid"])
+    return outcome
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=10_000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--good-every", type=int, default=50)
+    args = parser.parse_args()
+    out = fuzz(args.messages, args.seed, args.good_every)
+    stats = out["stats"]
+    applied = (stats.get("counts") or {}).get("applied", -1)
+    # what holds the key and keeps the arrays valid is a push (a changed step or field the rules ignore)
+    keyless = sum(n for name, n in out["applied"].items() if name != "junk_fields")
+    fuzz_applied = keyless if out["alive"] else -1
+    print(f"{args.messages} mutated messages (seed {args.seed}); by mutation: {dict(out['mutations'])}")
+    print(f"answers: {dict(out['answers'])}")
+    print(f"shard rejections by reason: {stats.get('rejections')}")
+    print(f"good pushes: {out['good']} sent, {out['good_failed']} not applied; shard applied {applied}; "
+          f"mutated messages applied: {dict(out['applied'])} (junk_fields re-signed with the key and still "
+          "a well-formed push count as good ones)")
+    print(f"shard RSS: {out['rss_start']:.1f} MB -> {out['rss_end']:.1f} MB")
+    print(f"RESULT ps_fuzz_applied={fuzz_applied}")
+    print(f"RESULT ps_fuzz_crashes={0 if out['alive'] else 1}")
+    print(f"RESULT ps_fuzz_unanswered={out['unanswered']}")
+    print(f"RESULT ps_fuzz_good_failed={out['good_failed']}")
+    print(f"shard stderr (tracebacks of any internal error): {SHARD_LOG}")
+    print(f"RESULT ps_fuzz_rss_growth_mb={out['rss_end'] - out['rss_start']:.1f}")
+    sys.exit(0 if out["alive"] and fuzz_applied == 0 and not out["good_failed"] else 1)
+
+
+if __name__ == "__main__":
+    main()
