@@ -209,7 +209,8 @@ def run_training_cell(spec: dict) -> list:
         reporter = reporters[-1] if reporters else None
         timings = {"cell_start": spec.get("cell_start"), "engine_start": started,
                    "first_step": getattr(reporter, "first_step_t", None), "fit_end": time.time(),
-                   "virtual_step": worker.virtual_step.text() if worker.virtual_step is not None else None}
+                   "virtual_step": worker.virtual_step.text() if worker.virtual_step is not None else None,
+                   **worker.fit_timings}
         states = callbacks.collect(request.callbacks, worker.callback_changes) if worker.keeps_callbacks else []
         results.append(worker.result(request, history, getattr(reporter, "records", ()), timings, states))
         return history

@@ -20,10 +20,35 @@ def test_one_worker_plain_sgd_equals_sequential_sgd(kernel):
     cell = SGD_CELL.format(lr=0.1, batch=32, epochs=1, steps=12, shuffle=False)
     kernel.run("%%distribute --strategy local --seed 5\n" + cell, timeout=180).check()
     kernel.run("sequential = model.get_weights()").check()
-    kernel.run("%%distribute --strategy nfdt --workers 1 --seed 5\n" + cell, timeout=180).check()
+    kernel.run("%%distribute --strategy nfdt --workers 1 --no-overlap --seed 5\n" + cell, timeout=180).check()
     diff = kernel.value("max(float(abs(a - b).max()) for a, b in zip(sequential, model.get_weights()))")
     assert diff <= 1e-6, diff
     assert kernel.value("nbdist.last_run.ps[0]['version']") == 12
+
+
+def test_overlap_with_one_worker_computes_each_step_on_the_weights_one_exchange_older(kernel):
+    cell = SGD_CELL.format(lr=0.1, batch=32, epochs=1, steps=12, shuffle=False)
+    kernel.run("%%distribute --strategy nfdt --workers 1 --seed 5\n" + cell, timeout=180).check()  # overlap: default
+    # push k was computed on the weights push k-2 brought back (the first two on the start): one version stale
+    assert [e["staleness"] for e in push_log(kernel)] == [0] + [1] * 11
+    assert kernel.value("nbdist.last_run.ps[0]['version']") == 12  # no push lost, the one in flight included
+    timings = kernel.value("nbdist.last_run.fits[0].timings")
+    assert 0 <= timings["exposed_exchange_fraction"] and timings["exchange_flight_s"] > 0, timings
+
+
+def test_overlap_with_two_workers_applies_every_acknowledged_push_and_loss_falls(kernel, cluster):
+    idle_engines(cluster, 2)
+    cell = SGD_CELL.format(lr=0.1, batch=32, epochs=3, steps="None", shuffle=True)
+    kernel.run("%%distribute --strategy nfdt --workers 2 --seed 2\n" + cell, timeout=300).check()
+    counts = kernel.value("nbdist.last_run.ps[0]['counts']")
+    steps = kernel.value("sum(len(fit.history['loss']) * fit.params['steps'] "
+                         "for fits in nbdist.last_run.results.values() for fit in fits)")
+    assert counts["applied"] == counts["acked"] == steps and counts["rejected"] == 0, (counts, steps)
+    log = push_log(kernel)
+    for worker in (0, 1):  # after its first push, a worker's pushes are never fresher than one exchange old
+        assert min(e["staleness"] for e in log if e["worker"] == worker and e["step"] > 1) >= 1
+    loss = kernel.value("history.history['loss']")
+    assert loss[-1] < loss[0], loss
 
 
 def test_four_workers_apply_every_acknowledged_push_with_staleness_and_loss_falls(kernel, cluster):

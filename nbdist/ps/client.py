@@ -53,6 +53,8 @@ class PsClient:
         self.bytes_received = 0
         self.comm_s = 0.0
         self._stop = threading.Event()
+        self.before_request = None  # called first by every request (an overlapped exchange settles)
+        self._aborted = threading.Event()  # set from another thread: a waiting request gives up
         self._pinger = None
         if heartbeat:
             self._pinger = threading.Thread(target=self._ping_loop, name="nbdist-ps-heartbeat", daemon=True)
@@ -68,6 +70,8 @@ class PsClient:
                 only: int | None = None, **fields) -> list[wire.Message]:
         """Send `kind` to every shard (or to shard `only`) with arrays `per_shard[i]`, header fields
         `fields_per_shard[i]` and `fields`, and wait for every answer."""
+        if self.before_request is not None:
+            self.before_request()
         started = time.time()
         targets = range(len(self.sockets)) if only is None else [only]
         for i in targets:
@@ -81,6 +85,8 @@ class PsClient:
         for i in targets:
             poller.register(self.sockets[i], zmq.POLLIN)
         while any(r is None for r in replies.values()):
+            if self._aborted.is_set():
+                raise PsUnavailable(f"the {kind} was abandoned: the fit that sent it ended")
             ready = dict(poller.poll(250))
             for i in targets:
                 if ready.get(self.sockets[i]):
@@ -117,6 +123,10 @@ class PsClient:
         finally:
             for socket in sockets:
                 socket.close(linger=0)
+
+    def abort(self) -> None:
+        """Make a request waiting in another thread give up (within 250 ms) and every later one fail."""
+        self._aborted.set()
 
     def close(self) -> None:
         self._stop.set()

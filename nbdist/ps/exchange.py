@@ -3,9 +3,18 @@
 One `PushPull` lives for one `fit`; its `push` runs inside the compiled train step (a
 `tf.numpy_function`). It keeps the shard versions the worker's weights came from, the
 staleness and gamma the PS reported, and the worker's step timing (`StepTimer`).
+
+With `overlap()` (`--overlap`, the default of the asynchronous strategies on the real clock)
+a push returns at once with the weights of the exchange before it, while its own exchange
+runs in a background thread: the next step computes during the round trip, on weights one
+exchange older (one more version of staleness, which the PS sees in the push's version).
 """
 
 from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -44,6 +53,65 @@ class PushPull:
         self.current: list[np.ndarray] = []  # the weights last received
         self.virtual = None  # a VirtualClock on the virtual clock (nothing sleeps then)
         self.pulled: dict = {}  # the header of the last pull's first reply (the run's step cost, on the virtual clock)
+        self._flight: ThreadPoolExecutor | None = None  # overlap: the one thread exchanges run in
+        self._in_flight = None  # overlap: the future of the exchange not yet taken up, -> (weights, versions)
+        self._computed_on: list[int] = []  # overlap: the versions of the weights the model computes on now
+        self._inside = threading.local()  # overlap: set in the exchange thread
+        self.waited_s = 0.0  # overlap: time steps waited for an exchange to finish
+        self.flight_s = 0.0  # overlap: the exchanges' own time
+
+    # -- overlapping the exchange with the next step ------------------------------------------
+    def overlap(self) -> None:
+        """From now on each push returns the weights of the exchange before it while its own is in flight."""
+        self._flight = ThreadPoolExecutor(1, thread_name_prefix="nbdist-push")
+        self._computed_on = list(self.versions)
+        self.client.before_request = self.settle  # nothing else may use the sockets while an exchange is out
+
+    def settle(self) -> None:
+        """Wait until no exchange is in flight (its weights stay for the next push to take up)."""
+        if self._in_flight is not None and not getattr(self._inside, "yes", False):
+            self._in_flight.exception()
+
+    def close(self) -> None:
+        """Finish the exchange in flight and stop its thread (the end of a fit)."""
+        if self._flight is not None:
+            self.settle()
+            self.client.before_request = None
+            self._flight.shutdown(wait=True)
+            self._flight = None
+            if self._in_flight is not None:
+                self._in_flight.result()  # an exchange that failed fails the fit here
+
+    def abandon(self) -> None:
+        """The fit failed or was interrupted: the exchange in flight gives up within one poll of its sockets."""
+        if self._flight is not None:
+            self.client.abort()
+            self._flight.shutdown(wait=True)
+            self._flight = None
+
+    def overlap_timings(self) -> dict:
+        """What the overlap hid: the steps' waits for their exchanges against the exchanges' own time."""
+        if not self.flight_s:
+            return {}
+        return {"exchange_waited_s": round(self.waited_s, 6), "exchange_flight_s": round(self.flight_s, 6),
+                "exposed_exchange_fraction": round(self.waited_s / self.flight_s, 4)}
+
+    def _push_overlapped(self, grads: dict, fields: dict) -> list[np.ndarray]:
+        previous = self._in_flight
+        self._in_flight = self._flight.submit(self._fly, grads, fields, list(self._computed_on))
+        if previous is None:  # the first push: the next step computes on the weights the fit started from
+            return self.current
+        waited = time.perf_counter()
+        weights, self._computed_on = previous.result()
+        self.waited_s += time.perf_counter() - waited
+        return weights
+
+    def _fly(self, grads: dict, fields: dict, versions: list[int]):
+        self._inside.yes = True
+        started = time.perf_counter()
+        weights = self.exchange(grads, fields, versions=versions, timed=False)
+        self.flight_s += time.perf_counter() - started
+        return weights, list(self.versions)
 
     def pull(self) -> list[np.ndarray]:
         """The current weights (the start of a fit)."""
@@ -75,18 +143,25 @@ class PushPull:
             self.timer.exchange_started(None if real is None else real + slept)
         else:
             self.virtual.local_steps(steps - 1)
-        return self.exchange(dict(zip(self.names, gradients)), {"step": self.steps, "batch": self.batch_size})
+        grads, fields = dict(zip(self.names, gradients)), {"step": self.steps, "batch": self.batch_size}
+        if self._flight is not None:
+            weights = self._push_overlapped(grads, fields)
+            self.timer.exchange_ended(0.0)  # the step waited only for the exchange before
+            return weights
+        return self.exchange(grads, fields)
 
-    def exchange(self, grads: dict, fields: dict, compute_steps: int = 1) -> list[np.ndarray]:
-        """Send `grads` (name -> array) with header `fields`; the weights that come back. On the virtual
-        clock the push arrives after `compute_steps` steps (0: steps already counted, a flush)."""
+    def exchange(self, grads: dict, fields: dict, compute_steps: int = 1, versions: list[int] | None = None,
+                 timed: bool = True) -> list[np.ndarray]:
+        """Send `grads` (name -> array) computed on shard `versions` (default: the last received) with
+        header `fields`; the weights that come back. On the virtual clock the push arrives after
+        `compute_steps` steps (0: steps already counted, a flush). `timed`: the step waits for it."""
         if self.virtual is not None:
             return self._exchange_virtual(grads, fields, compute_steps)
         moved = self.client.bytes_sent + self.client.bytes_received
         held_s = 0.0
         try:
             replies = self.client.request("push", split(grads, self.shard_of, len(self.plan)),
-                                          [{"version": v} for v in self.versions], **fields)
+                                          [{"version": v} for v in versions or self.versions], **fields)
             held_s = max(r.header.get("held_s") or 0.0 for r in replies)  # waiting for a round: not communication
         except PsRefused as exc:
             if exc.reason != "non_finite":
@@ -94,7 +169,8 @@ class PushPull:
             return self._skip_non_finite(exc)
         finally:
             self.slowdown.charge(self.client.bytes_sent + self.client.bytes_received - moved)
-            self.timer.exchange_ended(held_s)
+            if timed:
+                self.timer.exchange_ended(held_s)
         return self._answered(replies)
 
     def _exchange_virtual(self, grads: dict, fields: dict, compute_steps: int) -> list[np.ndarray]:

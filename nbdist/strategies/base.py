@@ -85,6 +85,7 @@ class Worker:
         self.callback_changes: list[dict] = []
         self.files_written: list[dict] = []
         self.virtual_step = None  # the run's StepCost on the virtual clock, once known
+        self.fit_timings: dict = {}  # what the last fit measured of itself, added to the FitResult's timings
 
     def fit(self, request):
         """Train `request.model` as the strategy says; return the Keras `History`."""

@@ -9,6 +9,7 @@ plainest member, and warns when the cell's momentum plus asynchrony's risks dive
 
 from __future__ import annotations
 
+from . import options as opt
 from .parameter_server import PsStrategy
 
 DIVERGENCE_RISK = 0.95
@@ -40,6 +41,7 @@ class NfdtStrategy(PsStrategy):
 
     name = "nfdt"
     summary = "asynchronous data parallel through nbdist's parameter server (the user's optimizer)"
+    reads = (*PsStrategy.reads, opt.NO_OVERLAP)
 
     def finish(self, run) -> None:
         super().finish(run)

@@ -65,6 +65,8 @@ class PsWorker(Worker):
                 self.virtual_step = StepCost(**(exchange.pulled.get("step") or self.virtual_step.to_json()))
                 exchange.virtual = VirtualClock(self.simulated or Profile(), self.virtual_step,
                                                 request.samples_per_step or 32)
+            if self.config.get("overlap"):
+                exchange.overlap()
             with apply_gradients_restored(model):
                 own = self.connect(exchange, model, variables)
                 follow = [follow_learning_rate(client, optimizer)] if self.rank == 0 and self.uses_ps_optimizer else []
@@ -74,12 +76,15 @@ class PsWorker(Worker):
                 for callback in own:
                     getattr(callback, "finish", lambda: None)()
                 getattr(exchange, "flush", lambda: None)()
+                exchange.close()  # the exchange still in flight is applied before the end barrier
+                self.fit_timings = exchange.overlap_timings()
             assign(variables, exchange.done())  # waits for the other workers; the final PS weights
             if self.uses_ps_optimizer:
                 _take_optimizer_state(client, optimizer, variables, names)
             restore_best_weights(user, model)
             return history
         finally:
+            exchange.abandon()  # after a failure or an interrupt (a finished fit closed it already)
             client.close()
 
     def optimizer_spec(self, optimizer) -> rules.OptimizerSpec:
@@ -229,10 +234,17 @@ class PsStrategy(Strategy):
             run.events.append({"t": time.time(), "event": "resumed", "path": resume["path"],
                                "version": resume.get("version")})
         clock, step = parse_clock(self.value("simulate"))
-        return {"fractions": fractions,"shards": self.service.addresses, "key": self.service.key.hex(),
+        return {"fractions": fractions, "shards": self.service.addresses, "key": self.service.key.hex(),
+                "overlap": self.overlaps(),
                 "rule": (settings["rule"] or {}).get("preset"),
                 "simulate": [p.to_json() for p in profiles],
                 "virtual": {"step": step.to_json() if step else None} if clock == "virtual" else None}
+
+    def overlaps(self) -> bool:
+        """Whether each push is in flight while the next step computes: where the strategy reads
+        --no-overlap and it was not given, on the real clock (the virtual clock charges each exchange)."""
+        return any(o is opt.NO_OVERLAP for o in self.reads) and not self.value("no_overlap") and \
+            self.clock != "virtual" and self.value("max_staleness") is None  # a bound asks for fresh weights
 
     def array_shards(self) -> bool:
         return self.value("shards") != "speed" and self.worker_class.fit_data is PsWorker.fit_data
