@@ -101,7 +101,7 @@ def main() -> None:
     bounded = soak(args.pushes, args.values, args.every, None)
     anchor_pushes = max(args.pushes // 5, 4 * args.every)
     unbounded = soak(anchor_pushes, args.values, args.every // 5, anchor_pushes)
-    warm_up = min(2 * WINDOW, args.pushes // 4)  # the window fills, the allocator settles
+    warm_up = max(2 * WINDOW, args.pushes // 5)  # the window fills (WINDOW pushes), the allocator settles
     rows = []
     for label, result, warm in (("nbdist (window of the log)", bounded, warm_up),
                                 ("whole log in memory (before)", unbounded, anchor_pushes // 4)):
@@ -110,6 +110,10 @@ def main() -> None:
                      f"{first / 1024:.0f}", f"{last / 1024:.0f}",
                      f"{growth_kb_per_1k(result['samples'], warm):.2f}"])
         assert result["applied"] == result["log_total"] == result["log_lines"], result  # nothing lost
+    series = [(n, kb) for n, kb in bounded["samples"] if n % (5 * args.every) < args.every]
+    print("nbdist shard RSS (MB) by pushes applied: " + ", ".join(f"{n // 1000}k {kb / 1024:.1f}" for n, kb in series))
+    print(f"slope after {2 * WINDOW:,} pushes (the window full): "
+          f"{growth_kb_per_1k(bounded['samples'], 2 * WINDOW):.2f} KB per 1k pushes")
     print_table(["shard", "pushes applied", "log file lines", "s", "RSS start MB", "RSS end MB",
                  "KB per 1k pushes after warm-up"], rows)
     print(f"RESULT ps_soak_rss_growth_kb_per_1k_pushes={float(rows[0][-1]):.2f}")

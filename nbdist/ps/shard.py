@@ -158,7 +158,7 @@ class Shard:
         return max(counts) - min(counts) if counts else 0
 
     def expected(self) -> dict:
-        return {name: (v.shape, v.dtype.name) for name, v in self.variables.items()}
+        return {name: (v.shape, wire.dtype_name(v.dtype)) for name, v in self.variables.items()}
 
     def worker_of(self, message: wire.Message) -> int:
         worker = message.header.get("worker")
