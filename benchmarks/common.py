@@ -42,19 +42,21 @@ DEFINITION = textwrap.dedent('''
 ''')
 
 
+SGD_MOMENTUM = "keras.optimizers.SGD(0.05, momentum=0.9)"  # the benchmarks' optimizer unless one says otherwise
 TRAIN = textwrap.dedent('''
     keras.utils.set_random_seed(0)
     model = build()
-    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+    model.compile(optimizer={optimizer},
                   loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     timer = EpochTimer()
     history = model.fit(x, y, batch_size=64, epochs={epochs}, callbacks=[timer], verbose=0)
 ''')
 
 
-def plain_fit(samples: int, epochs: int) -> dict:
+def plain_fit(samples: int, epochs: int, optimizer: str = SGD_MOMENTUM) -> dict:
     """Plain Keras in a fresh Python process, as an engine is one."""
-    script = DEFINITION.format(samples=samples) + "\n_t0 = time.perf_counter()\n" + TRAIN.format(epochs=epochs) + (
+    script = DEFINITION.format(samples=samples) + "\n_t0 = time.perf_counter()\n" + \
+        TRAIN.format(epochs=epochs, optimizer=optimizer) + (
         "\nimport json; print('@@' + json.dumps({'epochs': timer.seconds, 'wall': time.perf_counter() - _t0}))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     return json.loads([ln for ln in out.splitlines() if ln.startswith("@@")][-1][2:])
@@ -83,16 +85,17 @@ def one_engine(samples: int, epochs: int):
         ip.run_line_magic("dist", "stop")
 
 
-def alternate_with_plain_fit(ip, session, magic_line: str, samples: int, epochs: int, rounds: int) -> list[dict]:
+def alternate_with_plain_fit(ip, session, magic_line: str, samples: int, epochs: int, rounds: int,
+                             optimizer: str = SGD_MOMENTUM) -> list[dict]:
     """`rounds` x (the TRAIN cell under `%%distribute magic_line`, then plain fit), alternating so
     drift in machine speed hits both sides alike. Samples/s of rank 0's steady epochs."""
     results = []
     for _ in range(rounds):
         t0 = time.time()
-        ip.run_cell_magic("distribute", magic_line, TRAIN.format(epochs=epochs))
+        ip.run_cell_magic("distribute", magic_line, TRAIN.format(epochs=epochs, optimizer=optimizer))
         wall = time.time() - t0
         epoch_s = session.cluster.client[session.last_run.workers[0]].pull("timer.seconds", block=True)
-        plain = plain_fit(samples, epochs)
+        plain = plain_fit(samples, epochs, optimizer)
         per_worker = samples // len(session.last_run.workers)
         results.append({"nbdist": steady_samples_per_s(epoch_s, per_worker) * len(session.last_run.workers),
                         "nbdist_wall": wall, "plain": steady_samples_per_s(plain["epochs"], samples),

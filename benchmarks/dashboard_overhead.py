@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import DEFINITION, TRAIN, print_table  # noqa: E402
+from common import DEFINITION, SGD_MOMENTUM, TRAIN, print_table  # noqa: E402
 from tests.kernel_driver import KernelDriver  # noqa: E402  (a real kernel, as a notebook has)
 
 # rank 0's median epoch time after the first (which includes tracing), read from its engine
@@ -36,7 +36,7 @@ def main() -> None:
     try:
         kernel.run("%load_ext nbdist\nimport nbdist\n%dist start -n 2", timeout=180).check()
         kernel.run("%%distribute define\n" + DEFINITION.format(samples=args.samples), timeout=300).check()
-        cell = TRAIN.format(epochs=args.epochs)
+        cell = TRAIN.format(epochs=args.epochs, optimizer=SGD_MOMENTUM)
         for _ in range(args.rounds):
             result = {}
             for display in ("dashboard", "none"):

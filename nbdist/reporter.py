@@ -7,6 +7,7 @@ import time
 
 import keras
 
+from .fused_steps import steps_done
 from .telemetry import WindowedRate, make_record
 
 
@@ -22,6 +23,7 @@ class ProgressReporter(keras.callbacks.Callback):
     # Batch-end hooks then run on Keras' dispatch thread, so training never waits for us to
     # read the loss; the counters are touched from that one thread only.
     async_safe = True
+    fused_steps_safe = True  # counts steps by batch index, so several steps per call count right
 
     def __init__(self, run_id, worker: int, batch_size, publish=None, interval_s: float = 0.5,
                  phase: str = "train", extra=None, clock=None):
@@ -36,6 +38,7 @@ class ProgressReporter(keras.callbacks.Callback):
         self.steps = 0
         self._samples = 0
         self._epoch = 0
+        self._in_epoch = 0  # steps of this epoch counted
         self._rate = WindowedRate()
 
     def _batch(self):
@@ -45,16 +48,19 @@ class ProgressReporter(keras.callbacks.Callback):
         self.wall_last = time.time()
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
+        self._epoch, self._in_epoch = epoch, 0
 
     def on_train_batch_begin(self, batch, logs=None):
         if self.first_step_t is None:
             self.first_step_t = time.time()
 
     def on_train_batch_end(self, batch, logs=None):
-        self.steps += 1
-        self._samples += self._batch() or 0
-        if self.steps == 1:  # the rate counts from the first step's end, so tracing is not in it
+        done = steps_done(batch, (self.params or {}).get("steps"))
+        made, self._in_epoch = max(done - self._in_epoch, 0), done
+        first = self.steps == 0
+        self.steps += made
+        self._samples += (self._batch() or 0) * made
+        if first:  # the rate counts from the first step's end, so tracing is not in it
             self._rate.add(self.clock(), self._samples)
         wall = time.time()  # records go out at most every interval_s of wall time, whatever the clock
         if wall - self.wall_last >= self.interval_s:

@@ -144,7 +144,7 @@ def test_every_keras_optimizer_on_the_ps_equals_a_local_fit(kernel, optimizer):
     cell = COMPILE.format(optimizer=optimizer) + "history = model.fit(sx, sy, batch_size=64, epochs=1, shuffle=False)\n"
     kernel.run("%%distribute --strategy local --seed 9\n" + cell, timeout=180).check()
     kernel.run("ref, ref_opt = model.get_weights(), [v.numpy() for v in model.optimizer.variables]").check()
-    kernel.run("%%distribute --strategy nfdt --workers 1 --no-overlap --seed 9\n" + cell, timeout=180).check()
+    kernel.run("%%distribute --strategy nfdt --workers 1 --overlap off --seed 9\n" + cell, timeout=180).check()
     diffs = kernel.value("[max(float(abs(a - b).max()) for a, b in zip(ref, model.get_weights())), "
                          "max(float(abs(a - b).max()) for a, b in zip(ref_opt, [v.numpy() for v in "
                          "model.optimizer.variables]))]")
@@ -188,7 +188,7 @@ def test_class_weight_on_the_ps_equals_it_in_a_local_fit(kernel):
             "epochs=1, shuffle=False, class_weight={c: 1.0 + c for c in range(10)})\n")
     kernel.run("%%distribute --strategy local --seed 4\n" + cell, timeout=180).check()
     kernel.run("ref = model.get_weights()").check()
-    kernel.run("%%distribute --strategy nfdt --workers 1 --no-overlap --seed 4\n" + cell, timeout=180).check()
+    kernel.run("%%distribute --strategy nfdt --workers 1 --overlap off --seed 4\n" + cell, timeout=180).check()
     assert kernel.value("max(float(abs(a - b).max()) for a, b in zip(ref, model.get_weights()))") <= 1e-6
 
 

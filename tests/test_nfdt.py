@@ -20,7 +20,7 @@ def test_one_worker_plain_sgd_equals_sequential_sgd(kernel):
     cell = SGD_CELL.format(lr=0.1, batch=32, epochs=1, steps=12, shuffle=False)
     kernel.run("%%distribute --strategy local --seed 5\n" + cell, timeout=180).check()
     kernel.run("sequential = model.get_weights()").check()
-    kernel.run("%%distribute --strategy nfdt --workers 1 --no-overlap --seed 5\n" + cell, timeout=180).check()
+    kernel.run("%%distribute --strategy nfdt --workers 1 --overlap off --seed 5\n" + cell, timeout=180).check()
     diff = kernel.value("max(float(abs(a - b).max()) for a, b in zip(sequential, model.get_weights()))")
     assert diff <= 1e-6, diff
     assert kernel.value("nbdist.last_run.ps[0]['version']") == 12
@@ -34,6 +34,14 @@ def test_overlap_with_one_worker_computes_each_step_on_the_weights_one_exchange_
     assert kernel.value("nbdist.last_run.ps[0]['version']") == 12  # no push lost, the one in flight included
     timings = kernel.value("nbdist.last_run.fits[0].timings")
     assert 0 <= timings["exposed_exchange_fraction"] and timings["exchange_flight_s"] > 0, timings
+
+
+def test_overlap_auto_stays_off_for_a_high_sgd_momentum_and_says_why(kernel):
+    cell = SGD_CELL.format(lr=0.05, batch=32, epochs=1, steps=6, shuffle=False).replace(
+        "SGD(0.05)", "SGD(0.05, momentum=0.9)")
+    reply = kernel.run("%%distribute --strategy nfdt --workers 1\n" + cell, timeout=180).check()
+    assert "--overlap auto was off: the cell's SGD momentum 0.9" in reply.stdout
+    assert {e["staleness"] for e in push_log(kernel)} == {0}  # every step waited for its own reply
 
 
 def test_overlap_with_two_workers_applies_every_acknowledged_push_and_loss_falls(kernel, cluster):

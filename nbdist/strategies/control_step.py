@@ -20,6 +20,7 @@ def stop_when_stopped(control):
 
     class StopWhenStopped(keras.callbacks.Callback):
         async_safe = True  # reads a flag only
+        fused_steps_safe = True  # a stop between calls of fused steps lands a few steps later, on every rank
 
         def on_train_batch_end(self, batch, logs=None):
             if control.stopped:

@@ -12,6 +12,7 @@ import os
 import sys
 
 from ..errors import ClusterError
+from ..fused_steps import fused_steps
 from ..hetero import Slowdown, parse_clock, parse_simulate
 from ..keras_bridge import apply_gradients_restored, build_for_training
 from ..netroute import address_towards_cluster, interface_towards
@@ -80,7 +81,8 @@ class HfdtWorker(Worker):
                 reporter.extra = lambda: {"bytes_sent": reporter.steps * per_step}
                 callbacks = [ops.epoch_log_averager(hvd, weight), *self._lr_callbacks(optimizer),
                              *self._simulation(per_step), *user, *restored, stop_when_stopped(control), reporter]
-                return request.run_plain(callbacks=callbacks, verbose=0, **data)
+                with fused_steps(model, callbacks, data.get("steps_per_epoch"), request.args.get("validation_steps")):
+                    return request.run_plain(callbacks=callbacks, verbose=0, **data)
         finally:
             control.close()
             hvd.shutdown()

@@ -87,6 +87,8 @@ def lr_scaler(optimizer, factor: int, warmup_epochs: float):
     from ..learning_rate import scaled, schedule_of
 
     class LearningRateScaler(keras.callbacks.Callback):
+        fused_steps_safe = warmup_epochs <= 0  # its batch hook only ramps a warm-up
+
         def on_train_begin(self, logs=None):
             self.schedule = schedule_of(optimizer)
             self.epoch = 0

@@ -41,10 +41,13 @@ class NfdtStrategy(PsStrategy):
 
     name = "nfdt"
     summary = "asynchronous data parallel through nbdist's parameter server (the user's optimizer)"
-    reads = (*PsStrategy.reads, opt.NO_OVERLAP)
+    reads = (*PsStrategy.reads, opt.OVERLAP)
 
     def finish(self, run) -> None:
         super().finish(run)
+        overlap = next((f.timings.get("overlap") for f in run.fits), None) or ""
+        if overlap.startswith("off:") and self.value("overlap") == "auto":
+            run.notes.append(f"nbdist: --overlap auto was {overlap}.")
         note = momentum_note(run)
         if note:
             run.notes.append(note)

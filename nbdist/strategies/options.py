@@ -34,9 +34,9 @@ DATA_SHARDS = Option("--shards", "how the data is split over the workers: equal 
                      "worker's share in proportion to its --simulate speed, so a slow worker does not train alone "
                      "at the end of every epoch)", default="equal", choices=("equal", "speed"))
 
-NO_OVERLAP = Option("--no-overlap", "wait for each push-pull before the next step (by default the next step "
-                    "computes while the exchange is in flight, on weights one exchange older: one more version of "
-                    "staleness, which the delay rules compensate; exact sequential SGD with one worker needs this; "
-                    "--max-staleness and the virtual clock turn the overlap off)",
-                    default=False, flag_only=True)
+OVERLAP = Option("--overlap", "on: the next step computes while the push-pull is in flight, on weights one exchange "
+                 "older (one more version of staleness, which the delay rules compensate); off: wait for each reply "
+                 "(exact sequential SGD with one worker); auto (the default): on, except for the cell's own SGD "
+                 "with momentum above 0.45 under nfdt/asgd, where that delay would push the effective momentum past "
+                 "0.95. --max-staleness and the virtual clock turn it off", default="auto", choices=("auto", "on", "off"))
 PARAMETER_SERVER = (PS_SHARDS, PS_ON, MAX_STALENESS, CHECKPOINT_EVERY, CHECKPOINT_DIR, RESUME, SIMULATE, DATA_SHARDS)

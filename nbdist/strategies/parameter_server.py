@@ -65,7 +65,9 @@ class PsWorker(Worker):
                 self.virtual_step = StepCost(**(exchange.pulled.get("step") or self.virtual_step.to_json()))
                 exchange.virtual = VirtualClock(self.simulated or Profile(), self.virtual_step,
                                                 request.samples_per_step or 32)
-            if self.config.get("overlap"):
+            self.fit_timings = {"overlap": overlap_decision(self.config.get("overlap") or "off", spec,
+                                                            self.config.get("rule"))}
+            if self.fit_timings["overlap"] == "on":
                 exchange.overlap()
             with apply_gradients_restored(model):
                 own = self.connect(exchange, model, variables)
@@ -77,7 +79,7 @@ class PsWorker(Worker):
                     getattr(callback, "finish", lambda: None)()
                 getattr(exchange, "flush", lambda: None)()
                 exchange.close()  # the exchange still in flight is applied before the end barrier
-                self.fit_timings = exchange.overlap_timings()
+                self.fit_timings.update(exchange.overlap_timings())
             assign(variables, exchange.done())  # waits for the other workers; the final PS weights
             if self.uses_ps_optimizer:
                 _take_optimizer_state(client, optimizer, variables, names)
@@ -134,6 +136,21 @@ class PsWorker(Worker):
         model.optimizer.apply_gradients = pushed(exchange, variables)
         model.jit_compile = False  # XLA cannot compile a numpy_function
         return []
+
+
+OVERLAP_MOMENTUM_LIMIT = 0.45  # the cell's SGD momentum above which a one-version delay risks divergence
+
+
+def overlap_decision(choice: str, spec: rules.OptimizerSpec, rule: str | None) -> str:
+    """on or off, with the reason when `auto` said off: the cell's own SGD momentum plus the implicit
+    momentum of a one-step delay (1/2, Mitliagkas et al. 2016) above 0.95 diverges; the delay rules set
+    their own momentum from the measured delay."""
+    if choice != "auto":
+        return choice
+    if rule is None and spec.kind == "SGD" and (spec.momentum or 0.0) > OVERLAP_MOMENTUM_LIMIT:
+        return (f"off: the cell's SGD momentum {spec.momentum:g} plus the one-step delay of an overlapped "
+                "exchange would exceed 0.95 (use --overlap on to force it, or --strategy ddc-asgd)")
+    return "on"
 
 
 def data_fractions(shards: str, simulate: str | None, profiles: list[Profile]) -> list[float] | None:
@@ -240,11 +257,13 @@ class PsStrategy(Strategy):
                 "simulate": [p.to_json() for p in profiles],
                 "virtual": {"step": step.to_json() if step else None} if clock == "virtual" else None}
 
-    def overlaps(self) -> bool:
-        """Whether each push is in flight while the next step computes: where the strategy reads
-        --no-overlap and it was not given, on the real clock (the virtual clock charges each exchange)."""
-        return any(o is opt.NO_OVERLAP for o in self.reads) and not self.value("no_overlap") and \
-            self.clock != "virtual" and self.value("max_staleness") is None  # a bound asks for fresh weights
+    def overlaps(self) -> str:
+        """--overlap as the workers apply it: off where the strategy does not read it, under --max-staleness
+        (a bound asks for fresh weights) and on the virtual clock (which charges each exchange in full)."""
+        if not any(o is opt.OVERLAP for o in self.reads) or self.clock == "virtual" or \
+                self.value("max_staleness") is not None:
+            return "off"
+        return self.value("overlap")
 
     def array_shards(self) -> bool:
         return self.value("shards") != "speed" and self.worker_class.fit_data is PsWorker.fit_data
