@@ -2,12 +2,13 @@
 
 Frames: ``[header, signature, buffer_0, buffer_1, ...]``. The header is UTF-8 JSON that lists
 each buffer's name, dtype, shape and authentication tag; the signature is HMAC-SHA256 of
-the header under the run's key. Each buffer's tag is Poly1305 under a one-message key,
-HMAC-SHA256(run key, the header's random nonce): so one HMAC check authenticates the
-header, the tags it carries bind every buffer, and a 40 MB array costs 3 ms to
-authenticate instead of SHA-256's 22 ms (a PS round trip does it four times). Nothing is
-ever unpickled. Receivers get read-only numpy views over the received frames (zero
-copy): copy before mutating.
+the header under the run's key. Each buffer's tag is GMAC (AES-256-GCM over no plaintext,
+the buffer as associated data) under a one-message key, HMAC-SHA256(run key, the header's
+random nonce), with the buffer's index as the GCM nonce, so no (key, nonce) pair ever tags
+two buffers: one HMAC check authenticates the header, the tags it carries bind every buffer,
+and a 40 MB array costs about 2 ms to authenticate (AES-NI and carry-less multiply) instead
+of SHA-256's 22 ms (a PS round trip does it four times). Nothing is ever unpickled. Receivers
+get read-only numpy views over the received frames (zero copy): copy before mutating.
 
 Every header also carries its sender's session (random, one per thread and process) and a
 sequence number that grows with each message the session sends, so a receiver that keeps
@@ -26,10 +27,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.poly1305 import Poly1305
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-VERSION = 2
+VERSION = 3  # 3: GMAC buffer tags, one GCM nonce per buffer (2: Poly1305, one key for all buffers)
 DEFAULT_MAX_BYTES = 1 << 30
 ALLOWED_DTYPES = {"float16", "float32", "float64", "int32", "int64", "uint8", "bool"}
 _NAMES = {np.dtype(name): name for name in ALLOWED_DTYPES}  # numpy's dtype.name is Python code, 9 us a call
@@ -62,9 +63,13 @@ def new_key() -> bytes:
     return secrets.token_bytes(32)
 
 
-def _buffer_key(key: bytes, nonce: str) -> bytes:
-    """The one-message Poly1305 key: never reused, because the nonce is 128 random bits."""
-    return hmac.new(key, b"nbdist-buffers:" + nonce.encode(), hashlib.sha256).digest()
+def _buffer_key(key: bytes, nonce: str) -> AESGCM:
+    """The one-message GMAC key: never reused across messages, because the nonce is 128 random bits."""
+    return AESGCM(hmac.new(key, b"nbdist-buffers:" + nonce.encode(), hashlib.sha256).digest())
+
+
+def _tag(buffer_key: AESGCM, index: int, buffer) -> bytes:
+    return buffer_key.encrypt(index.to_bytes(12, "big"), b"", buffer)
 
 
 _sender = threading.local()
@@ -102,7 +107,7 @@ def encode(key: bytes, kind: str, arrays: dict[str, np.ndarray] | None = None, *
     """Frames for one message; `fields` go into the header (JSON-serialisable values only)."""
     nonce = secrets.token_hex(16)
     sid, seq = _next_sequence()
-    buffer_key = _buffer_key(key, nonce) if arrays else b""
+    buffer_key = _buffer_key(key, nonce) if arrays else None
     buffers, specs = [], []
     for name, array in (arrays or {}).items():
         array = np.asarray(array)
@@ -114,7 +119,7 @@ def encode(key: bytes, kind: str, arrays: dict[str, np.ndarray] | None = None, *
         buffer = memoryview(array).cast("B")
         buffers.append(buffer)
         specs.append({"name": name, "dtype": dtype, "shape": list(array.shape),
-                      "tag": Poly1305.generate_tag(buffer_key, buffer).hex()})
+                      "tag": _tag(buffer_key, len(specs), buffer).hex()})
     header = json.dumps({"v": VERSION, "kind": kind, "nonce": nonce, "sid": sid, "seq": seq, "arrays": specs,
                          **fields},
                         separators=(",", ":")).encode()
@@ -142,15 +147,15 @@ def decode(key: bytes, frames, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
             _check_spec(spec)
         if len({spec["name"] for spec in specs}) != len(specs):
             raise ValueError("two buffers of one name")
-        buffer_key = _buffer_key(key, str(header["nonce"])) if specs else b""
+        buffer_key = _buffer_key(key, str(header["nonce"])) if specs else None
         tags = [bytes.fromhex(spec["tag"]) for spec in specs]
     except (ValueError, KeyError, TypeError) as exc:
         raise Rejected("malformed", str(exc)) from None
     buffers = frames[2:]
-    for spec, tag, buffer in zip(specs, tags, buffers):
+    for index, (spec, tag, buffer) in enumerate(zip(specs, tags, buffers)):
         try:
-            Poly1305.verify_tag(buffer_key, buffer, tag)
-        except InvalidSignature:
+            buffer_key.decrypt(index.to_bytes(12, "big"), tag, buffer)
+        except InvalidTag:
             raise Rejected("bad_digest", f"buffer {spec.get('name')!r} does not match its header") from None
     arrays = {}
     for spec, buffer in zip(specs, buffers):
