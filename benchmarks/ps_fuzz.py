@@ -122,6 +122,19 @@ def rss_mb(pid: int) -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
 
 
+def count_answer(outcome: dict, name: str, reply: wire.Message | None, version: int) -> int:
+    """Count one mutated message's answer; the shard's version after it."""
+    outcome["mutations"][name] += 1
+    if reply is None:
+        outcome["unanswered"] += 1
+        return version
+    outcome["answers"][reply.header.get("reason") if reply.kind == "rejected" else reply.kind] += 1
+    if reply.kind == "weights" and reply.header.get("version", version) > version:
+        outcome["applied"][name] += 1  # the shard's version moved: it applied this message
+        return reply.header["version"]
+    return version
+
+
 def fuzz(messages: int, seed: int, good_every: int) -> dict:
     key, rng = wire.new_key(), random.Random(seed)
     info = launcher.start_shard({"shard": 0, "workers": 2, "heartbeat_timeout_s": 3600}, key, SHARD_LOG)
@@ -157,15 +170,7 @@ def fuzz(messages: int, seed: int, good_every: int) -> dict:
                     outcome["good_failed"] += 1
                 version = reply.header["version"] if reply is not None and reply.kind == "weights" else version
             name, frames = ("replay", last_good) if n % 10 == 9 else mutate(key, rng, 1, version)
-            outcome["mutations"][name] += 1
-            reply = ask(1 if name != "replay" else 0, frames)
-            if reply is None:
-                outcome["unanswered"] += 1
-                continue
-            outcome["answers"][reply.header.get("reason") if reply.kind == "rejected" else reply.kind] += 1
-            if reply.kind == "weights" and reply.header.get("version", version) > version:
-                outcome["applied"][name] += 1  # the shard's version moved: it applied this message
-                version = reply.header["version"]
+            version = count_answer(outcome, name, ask(1 if name != "replay" else 0, frames), version)
         alive = launcher.exit_code(info["pid"]) is None
         final = ask(0, good_push(version=version, step=messages)) if alive else None
         outcome["good"] += 1
