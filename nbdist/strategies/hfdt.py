@@ -83,7 +83,7 @@ class HfdtWorker(Worker):
                              *self._simulation(per_step), *user, *restored, stop_when_stopped(control), reporter]
                 # every rank must decide alike: Horovod matches the allreduce by its op's name, which the
                 # loop of fused steps changes; so the cell's callbacks count on every rank, as does --simulate
-                deciding = [*callbacks, *request.callbacks, *self._simulation(per_step, every_rank=True)]
+                deciding = [*callbacks, *(request.callbacks or []), *self._simulation(per_step, every_rank=True)]
                 with fused_steps(model, deciding, data.get("steps_per_epoch"), request.args.get("validation_steps")):
                     return request.run_plain(callbacks=callbacks, verbose=0, **data)
         finally:
