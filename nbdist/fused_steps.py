@@ -37,10 +37,12 @@ def steps_per_call(steps_per_epoch: int | None, most: int = FUSED_STEPS) -> int:
 
 
 @contextlib.contextmanager
-def fused_steps(model, callbacks, steps_per_epoch: int | None = None, validation_steps: int | None = None):
-    """Within: `model.fit` runs several steps per call where that changes nothing the cell can see."""
+def fused_steps(model, callbacks, steps_per_epoch: int | None = None, validation_steps: int | None = None,
+                allowed: bool = True):
+    """Within: `model.fit` runs several steps per call where that changes nothing the cell can see
+    (and the caller `allowed` it)."""
     steps = steps_per_call(steps_per_epoch)
-    if model.steps_per_execution != 1 or model.run_eagerly or steps == 1 or validation_steps \
+    if not allowed or model.steps_per_execution != 1 or model.run_eagerly or steps == 1 or validation_steps \
             or not fusable(callbacks):
         yield 1
         return

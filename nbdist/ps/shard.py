@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from ..optimizer_state import ITERATIONS
-from . import push_log, rules, wire
+from . import rules, wire
 from .compression import decode_push
 from .handlers import HANDLERS, HELD_KINDS
-from .push_log import PushLog
+from .push_log import WINDOW, PushLog
 from .release import SynchronousRounds, policy_for
 from .updaters import make_updater
 from .zero_copy import SharedArrays
@@ -116,7 +116,7 @@ class Shard:
         self.restored: dict | None = None
         self.counts = Counter(applied=0, acked=0, dropped=0, rejected=0)
         self.rejections: Counter = Counter()
-        self.log = PushLog(config.get("log_path"), config.get("log_window") or push_log.WINDOW)
+        self.log = PushLog(config.get("log_path"), config.get("log_window") or WINDOW)
         self.events: list[dict] = []
         self.shared = SharedArrays()
         self.waiting: list[tuple[bytes, wire.Message]] = []  # held requests, in arrival order

@@ -83,8 +83,9 @@ class HfdtWorker(Worker):
                              *self._simulation(per_step), *user, *restored, stop_when_stopped(control), reporter]
                 # every rank must decide alike: Horovod matches the allreduce by its op's name, which the
                 # loop of fused steps changes; so the cell's callbacks count on every rank, as does --simulate
-                deciding = [*callbacks, *(request.callbacks or []), *self._simulation(per_step, every_rank=True)]
-                with fused_steps(model, deciding, data.get("steps_per_epoch"), request.args.get("validation_steps")):
+                deciding = [*callbacks, *(request.callbacks or [])]
+                with fused_steps(model, deciding, data.get("steps_per_epoch"), request.args.get("validation_steps"),
+                                 allowed=not self._simulated_anywhere()):
                     return request.run_plain(callbacks=callbacks, verbose=0, **data)
         finally:
             control.close()
@@ -120,13 +121,16 @@ class HfdtWorker(Worker):
             raise ClusterError(f"Horovod gave rank {hvd.rank()}/{hvd.size()}, expected {self.rank}/{self.size}")
         return hvd
 
-    def _simulation(self, per_step_bytes: int, every_rank: bool = False) -> list:
+    def _simulated_anywhere(self) -> bool:
+        """Whether some rank's steps sleep for `--simulate` (each step then needs its own call)."""
+        profiles = self.config.get("simulate") or []
+        return self.config.get("virtual") is None and any(Slowdown(p).active for p in profiles)
+
+    def _simulation(self, per_step_bytes: int) -> list:
         """`--simulate`: this rank's steps stretched by 1/speed, its link charged for the allreduce's bytes
-        (sent and received). `every_rank`: the callback if any rank needs one."""
-        profiles = self.config.get("simulate") or [None] * self.size
-        slowdown = Slowdown(profiles[self.rank])
-        if every_rank and any(Slowdown(p).active for p in profiles):
-            slowdown = Slowdown(next(p for p in profiles if Slowdown(p).active))
+        (sent and received)."""
+        profile = (self.config.get("simulate") or [None] * self.size)[self.rank]
+        slowdown = Slowdown(profile)
         if not slowdown.active or self.config.get("virtual") is not None:  # the virtual clock never sleeps
             return []
         import keras
