@@ -57,7 +57,9 @@ def serve(config: dict, key: bytes, ready=print) -> None:
                 except Exception as exc:  # noqa: BLE001 - one message the rules did not foresee must not end the run
                     traceback.print_exc()
                     shard.reject("internal_error", repr(exc), _claimed_worker(body))
-                    send([(ident, "rejected", None, {"reason": "internal_error", "detail": repr(exc)[:300]})])
+                    detail = (f"{repr(exc)[:200]}: a message nbdist's shard did not foresee (a bug; please report "
+                              "it with the traceback in the shard's stderr log); the shard goes on serving")
+                    send([(ident, "rejected", None, {"reason": "internal_error", "detail": detail})])
             send(shard.check_heartbeats(time.time()))
             if os.getppid() != parent:  # whoever started us is gone: do not linger as an orphan
                 break
