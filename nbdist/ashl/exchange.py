@@ -1,7 +1,8 @@
 """ASHL's worker side of the PS exchange: push periods, compression and its timed probes.
 
 A worker on a slow link pushes every `period` steps (the mean gradient of the batches in
-between, all computed on the same weights: one push of period x batch samples), compresses
+between, all computed on the same weights: one push of period x batch samples; or, where the
+worker steps with the cell's optimizer itself, the update those local steps made), compresses
 its pushes when communication dominates its step (reviewed from its own timings), and times
 probe round trips of a push's size for the allocation.
 """
@@ -24,6 +25,7 @@ class PacedExchange(PushPull):
         super().__init__(*args, **kwargs)
         self.compressor = None  # a PushCompressor, once training starts
         self.period = 1
+        self.commits_local_steps = False  # True: pushes are local updates of `period` steps, not gradients
         self.accumulated = 0
         self._sum: dict[str, np.ndarray] = {}
         self._reviewed_at = 0
@@ -31,24 +33,29 @@ class PacedExchange(PushPull):
         self.steps_per_epoch = 0
         self.shapes: dict[str, tuple] = {}  # name -> (shape, dtype), for probes
 
-    def push(self, *gradients) -> list[np.ndarray]:
-        if self.period <= 1 and not self.accumulated:
-            return super().push(*gradients)
+    def push(self, *gradients, steps: int = 1) -> list[np.ndarray]:
+        if self.commits_local_steps or (self.period <= 1 and not self.accumulated):
+            return super().push(*gradients, steps=steps)
         self.steps += 1
         self._accumulate(dict(zip(self.names, gradients)))
         if self.accumulated < self.period:  # a local step: no exchange
             if self.virtual is not None:
                 self.virtual.local_steps(1)
             else:
-                self.timer.compute_ended()
-                self.slowdown.stretch(self.timer.typical_compute_s())
-                self.timer.local_step_ended()
+                self.time_local_step()
             return self.current
         if self.virtual is None:
             real = self.timer.compute_ended()
             slept = self.slowdown.stretch(self.timer.typical_compute_s())
             self.timer.exchange_started(None if real is None else real + slept)
         return self._send(self._take_accumulated())
+
+    def time_local_step(self) -> None:
+        """A step that pushes nothing, on the real clock: timed as compute and stretched as simulated (the
+        virtual clock charges such steps with the push that follows them)."""
+        self.timer.compute_ended()
+        self.slowdown.stretch(self.timer.typical_compute_s())
+        self.timer.local_step_ended()
 
     def flush(self) -> None:
         """Push what is still accumulated (the end of a fit), so no computed gradient is lost."""

@@ -23,7 +23,7 @@ from .compression import decode_push
 from .handlers import HANDLERS, HELD_KINDS
 from .push_log import WINDOW, PushLog
 from .release import SynchronousRounds, policy_for
-from .updaters import make_updater
+from .updaters import CommitUpdater, make_updater
 from .zero_copy import SharedArrays
 
 HEARTBEAT_TIMEOUT_S = 5.0
@@ -296,13 +296,16 @@ class Shard:
                 {"version": self.version, "stop": self.finishing if stop is None else stop, **extra, **fields})
 
     def become_synchronous(self) -> None:
-        """Rounds from now on (ASHL's SHL phase), applied by the cell's own optimizer."""
+        """Rounds from now on (ASHL's SHL phase), applied by the cell's own optimizer (or, where workers step
+        locally and push their updates, the round's batch-weighted mean update)."""
         if self.synchronous:
             return
         previous, self.policy = self.policy, policy_for(None, True, self.clock)
         if hasattr(previous, "times"):  # the virtual clock: the workers' clocks carry on into the rounds
             self.policy.times = previous.times
-        if self.initialised:
+        if isinstance(self.updater, CommitUpdater):  # workers step locally: a round applies its mean update whole
+            self.updater = CommitUpdater(1)
+        elif self.initialised:
             self.updater = make_updater(None, self.spec, self.variables, {}, getattr(self.updater, "iterations", 0),
                                         self.optimizer_backend)
 

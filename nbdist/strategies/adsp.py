@@ -52,38 +52,61 @@ class IntervalSearch:
         self.index = nxt
 
 
+class AdspSchedule:
+    """ADSP's commit interval: searched online, one trial every COMMITS_PER_TRIAL commits, on loss
+    decrease per second (virtual seconds on the virtual clock)."""
+
+    def __init__(self, exchange: PushPull):
+        self.exchange = exchange
+        self.search = IntervalSearch()
+        self.trial_start: tuple[float, float] | None = None  # (time, loss)
+
+    @property
+    def interval(self) -> int:
+        return self.search.interval
+
+    def _now(self) -> float:
+        return self.exchange.virtual.now if self.exchange.virtual is not None else time.time()
+
+    def stepped(self, since: int, loss: float | None) -> None:
+        if self.trial_start is None and loss is not None:
+            self.trial_start = (self._now(), float(loss))
+
+    def committed(self, commits: int, loss: float | None) -> None:
+        if commits % COMMITS_PER_TRIAL == 0 and loss is not None and self.trial_start:
+            started, loss0 = self.trial_start
+            self.search.report((loss0 - float(loss)) / max(self._now() - started, 1e-9))
+            self.trial_start = None
+
+
 class AdspWorker(PsWorker):
     """A worker that trains locally and commits its accumulated update at the searched interval."""
 
     uses_ps_optimizer = False  # each worker applies the cell's optimizer itself
 
     def connect(self, exchange: PushPull, model, variables) -> list:
-        return [_committer(exchange, variables)]
+        return [local_committer(exchange, variables, AdspSchedule(exchange))]
 
 
-def _committer(exchange: PushPull, variables):
+def local_committer(exchange: PushPull, variables, schedule):
+    """A callback for workers that train with the cell's own optimizer: every `schedule.interval` steps it
+    commits the accumulated update w_local - w_pulled (one push carrying those local steps) and installs
+    the weights the PS returns. `schedule` may also have `stepped(since, loss)` (every step, before the
+    commit it may make) and `committed(commits, loss)`."""
     import keras
-
-    def now() -> float:
-        return exchange.virtual.now if exchange.virtual is not None else time.time()
 
     class Committer(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
             self.pulled = [np.array(v.numpy()) for v in variables]
-            self.search, self.since, self.commits = IntervalSearch(), 0, 0
-            self.trial_start: tuple[float, float] | None = None  # (time, loss)
+            self.since, self.commits = 0, 0
 
         def on_train_batch_end(self, batch, logs=None):
             self.since += 1
             loss = (logs or {}).get("loss")
-            if self.trial_start is None and loss is not None:
-                self.trial_start = (now(), float(loss))
-            if self.since >= self.search.interval:
+            getattr(schedule, "stepped", lambda *_: None)(self.since, loss)
+            if self.since >= schedule.interval:
                 self.commit()
-                if self.commits % COMMITS_PER_TRIAL == 0 and loss is not None and self.trial_start:
-                    started, loss0 = self.trial_start
-                    self.search.report((loss0 - float(loss)) / max(now() - started, 1e-9))
-                    self.trial_start = None
+                getattr(schedule, "committed", lambda *_: None)(self.commits, loss)
 
         def commit(self):
             deltas = [v.numpy() - p for v, p in zip(variables, self.pulled)]

@@ -3,9 +3,12 @@
 Each worker first profiles itself (compute at b0 and 2*b0, push-sized round trips to
 the PS; workers sharing a host take turns) and posts the profile to the PS; the kernel
 allocates batches that equalise step time (`nbdist.ashl.allocation`) and every worker
-then trains on its share: per global batch of B samples, worker i takes its b_i. AHL runs
-the `ddc-asgd` rule with pushes scaled by b_i/mean(b); when the switch rule says so the
-shards turn synchronous (SHL: one batch-weighted mean per round, the cell's optimizer).
+then trains on its share: per global batch of B samples, worker i takes its b_i. Each worker
+steps with the cell's own optimizer and, every `period` steps its allocation gives it, pushes
+the update those local steps made; in AHL the shards apply each push as it comes, weighted
+b_i/B; when the switch rule says so they turn synchronous (SHL: one batch-weighted mean update
+per round). `--without local-steps` is the first round's AHL: workers push gradients, the
+shards apply the `ddc-asgd` rule to them (scaled by b_i/mean(b)) and SHL the cell's optimizer.
 About once a second workers report their measured step times and take the allocation
 then in force; each worker compresses its pushes (fp16, top-k) when communication
 dominates its step. The decisions are the kernel's (`nbdist.ashl.coordinator`); the
@@ -35,11 +38,13 @@ from ..sharding import is_generator, is_py_dataset, shard_validation, split_vali
 from . import options as opt
 from .asgd import DDC_OPTIONS, DELAY_REPORTS, DdcAsgdStrategy
 from .base import Option, Reports
+from .adsp import local_committer
 from .parameter_server import PsWorker
 
-PARTS = ("allocation", "switch", "compression")
+PARTS = ("allocation", "switch", "compression", "local-steps")
 WITHOUT = Option("--without", "switch parts of ASHL off, for ablations: allocation (equal batches, every worker "
-                 "pushing each step), switch (asynchronous to the end), compression; several joined by + or ,",
+                 "pushing each step), switch (asynchronous to the end), compression, local-steps (workers push "
+                 "gradients, which the shards apply by the ddc-asgd rule); several joined by + or ,",
                  metavar="PARTS")
 PROBES = 5  # push-sized round trips, at most; at least MIN_PROBES, then while within the budget
 MIN_PROBES = 2
@@ -50,6 +55,17 @@ class AshlWorker(PsWorker):
     """Profiles, waits for its allocation, trains its share through the PS, reports its step times."""
 
     exchange_class = PacedExchange
+
+    @property
+    def uses_ps_optimizer(self) -> bool:
+        """With local steps (the default) each worker steps with the cell's optimizer and pushes its update."""
+        return "local-steps" in parts_off(self.values.get("without"))
+
+    def connect(self, exchange: PacedExchange, model, variables) -> list:
+        if self.uses_ps_optimizer:
+            return super().connect(exchange, model, variables)
+        exchange.commits_local_steps = True
+        return [local_committer(exchange, variables, AllocatedPeriod(exchange))]
 
     def fit_data(self, request) -> dict:
         if is_py_dataset(request.x) or is_generator(request.x):
@@ -145,6 +161,21 @@ def _follow(exchange: PacedExchange, batches: ProportionalBatches, allocation: d
         exchange.virtual.batch = batches.size
 
 
+class AllocatedPeriod:
+    """A worker's local steps between commits: the push period its allocation gives it."""
+
+    def __init__(self, exchange: PacedExchange):
+        self.exchange = exchange
+
+    @property
+    def interval(self) -> int:
+        return self.exchange.period
+
+    def stepped(self, since: int, loss) -> None:
+        if since < self.interval and self.exchange.virtual is None:
+            self.exchange.time_local_step()
+
+
 def parts_off(text: str | None) -> set[str]:
     """The parts `--without` names (refusing a name that is not one)."""
     named = {p.strip() for p in (text or "").replace("+", ",").split(",") if p.strip()}
@@ -209,7 +240,10 @@ class AshlStrategy(DdcAsgdStrategy):
     def shard_settings(self, workers: int) -> dict:
         hosts = self.hosts or [None] * workers
         groups = [[r for r in range(workers) if hosts[r] == host] for host in dict.fromkeys(hosts)]
-        return {**super().shard_settings(workers), "max_staleness": None,
+        settings = super().shard_settings(workers)
+        if "local-steps" not in parts_off(self.value("without")):  # a push is an update: w += (b_i / B) * delta
+            settings["rule"] = {"preset": "adsp", "workers": workers}
+        return {**settings, "max_staleness": None,
                 "extension": {"class": MEETING, "config": {"profile_groups": groups,
                                                            "decide_at_epochs": self.clock == "virtual"}}}
 
