@@ -18,9 +18,9 @@ from tests.support import SGD, W0, grads, message
 EXPECTED = {name: (w.shape, "float32") for name, w in W0.items()}
 
 
-def ashl_shard(workers=2, groups=None) -> Shard:
+def ashl_shard(workers=2, groups=None, preset="ddc-asgd") -> Shard:
     shard = Shard({"workers": workers, "extension": {"class": ASHL_MEETING, "config": {"profile_groups": groups or []}},
-                   "rule": {"preset": "ddc-asgd", "workers": workers}})
+                   "rule": {"preset": preset, "workers": workers}})
     shard.handle(b"w0", message("init", W0, worker=0, optimizer=SGD, trainable=list(W0), layout=list(W0)))
     return shard
 
@@ -60,6 +60,27 @@ def test_ahl_scales_a_push_by_its_batch_share_and_shl_averages_by_batch():
     assert {fields["phase"] for _, _, _, fields in replies} == {"shl"}
     mean = (48 * 1.0 + 16 * 5.0) / 64  # batch-weighted, unscaled, the cell's SGD
     assert bias - shard.variables["dense/bias"] == pytest.approx(np.full(3, 0.5 * mean))
+
+
+def test_with_local_steps_ahl_adds_each_update_by_its_batch_share_and_shl_adds_the_rounds_mean():
+    shard = ashl_shard(preset="adsp")  # ASHL's default: workers step locally and push their updates
+    shard.handle(b"k", message("control", worker="controller", action="allocate", value={"id": 1, "batches": [48, 16]}))
+    before = shard.variables["dense/bias"].copy()
+    shard.handle(b"w1", message("pull", worker=1))
+    shard.handle(b"w1", message("push", grads(-1.0), worker=1, version=0, step=3, batch=16))
+    # an update of -1 (three local steps of worker 1) counts b_1/B = 16/64 of itself
+    assert shard.variables["dense/bias"] - before == pytest.approx(np.full(3, -0.25))
+    shard.handle(b"k", message("control", worker="controller", action="switch_phase"))
+    bias = shard.variables["dense/bias"].copy()
+    assert shard.handle(b"w0", message("push", grads(-1.0), worker=0, version=1, step=4, batch=48)) == []
+    shard.handle(b"w1", message("push", grads(-5.0), worker=1, version=1, step=4, batch=16))
+    # SHL: the round's batch-weighted mean update, whole: (48 x -1 + 16 x -5) / 64 = -2
+    assert shard.variables["dense/bias"] - bias == pytest.approx(np.full(3, -2.0))
+    shard.handle(b"w0", message("done", worker=0))
+    bias = shard.variables["dense/bias"].copy()
+    shard.handle(b"w1", message("push", grads(-8.0), worker=1, version=2, step=9, batch=16))
+    # alone in its round, worker 1's update still counts 16/64 of itself, not all of it
+    assert shard.variables["dense/bias"] - bias == pytest.approx(np.full(3, -2.0))
 
 
 def test_a_synchronous_round_completes_when_the_other_worker_ends_its_fit():
@@ -190,5 +211,5 @@ def test_ablations_switch_allocation_off_and_name_the_parts_there_are():
     coordinator.update(run, {"coordination": {"profiles": profiles}}, {})
     assert sent[0][0] == "allocate" and sent[0][1]["batches"] == [64, 64] and sent[0][1]["periods"] == [1, 1]
     assert parts_off("switch+compression") == {"switch", "compression"}
-    with pytest.raises(OptionError, match="ASHL's parts are allocation, switch, compression; unknown: profile"):
+    with pytest.raises(OptionError, match="ASHL's parts are allocation, switch, compression, local-steps; unknown: profile"):
         parts_off("profile")

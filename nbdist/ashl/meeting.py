@@ -119,6 +119,14 @@ class AshlMeeting(ShardExtension):
         shortest = min(periods[k] for k in live)
         return [k for k in live if periods[k] == shortest]
 
+    def round_total(self, shard, batches: list[int]) -> int:
+        """SHL where workers push their local updates: each counts b_i/B of the whole allocation, whether the
+        others are in the round or not (a worker absent from it has not moved the model; a lone push of a
+        slow link's many local steps must not count as everyone's). A mean of gradients is over the round."""
+        if self.allocation and (shard.rule or {}).get("preset") == "adsp":
+            return sum(self.allocation["batches"])
+        return sum(batches)
+
     def on_done(self, shard) -> None:
         """Once the workers that push every step have ended their fit, the others end theirs after the
         batch in hand: what remains of their shards is small, and pushes they made alone, many steps

@@ -146,7 +146,7 @@ class SynchronousRounds(ReleasePolicy):
         if not self.round or any(k not in self.round for k in shard.pacers()):
             return []
         entries, self.round = dict(sorted(self.round.items())), {}  # by rank: the same sum and log every run
-        total = sum(batch for _, _, _, batch in entries.values())
+        total = shard.round_total([batch for _, _, _, batch in entries.values()])
         mean = {name: sum(grads[name].astype(np.float64) * (batch / total) for _, _, grads, batch in entries.values())
                 .astype(shard.variables[name].dtype) for name in shard.variables}
         info = shard.update(mean, -1, 0)

@@ -65,6 +65,10 @@ class ShardExtension:
     def pacers(self, shard, live: list[int]) -> list[int]:
         return live
 
+    def round_total(self, shard, batches: list[int]) -> int:
+        """What a synchronous round's batch-weighted mean divides by: the batches in the round."""
+        return sum(batches)
+
     def on_done(self, shard) -> None:
         """A worker ended its fit."""
 
@@ -148,6 +152,10 @@ class Shard:
         """The live workers a synchronous round waits for (one at an epoch's end pushes nothing more)."""
         live = [k for k in self.live() if k not in self.at_barrier]
         return self.extension.pacers(self, live) if self.extension is not None else live
+
+    def round_total(self, batches: list[int]) -> int:
+        """What a synchronous round's batch-weighted mean divides by (the extension may say otherwise)."""
+        return self.extension.round_total(self, batches) if self.extension is not None else sum(batches)
 
     def slowest(self) -> int | None:
         counts = [self.workers[k].pushed for k in self.live()]
