@@ -103,6 +103,23 @@ def test_a_tf_data_pipeline_batched_last_trains_under_ashl(heavier, cluster):
     assert losses[1] < losses[0]
 
 
+def test_local_steps_keep_any_optimizer_and_push_one_update_per_step(heavier, cluster):
+    idle_engines(cluster, 2)
+    cell = CELL.format(epochs=2).replace("keras.optimizers.SGD(0.05, momentum=0.9)", "keras.optimizers.Adam(1e-3)")
+    refused = heavier.run(f'%%distribute --strategy ashl --workers 2 --seed 1 --simulate "speed=1,0.5; {VIRTUAL}"\n'
+                          + cell, timeout=300)
+    assert refused.ename == "OptionError" and "--commits local-steps" in refused.evalue
+    heavier.run(f'%%distribute --strategy ashl --commits local-steps --workers 2 --seed 1 '
+                f'--simulate "speed=1,0.5; {VIRTUAL}"\n' + cell, timeout=300).check()
+    assert heavier.value("nbdist.last_run.events_of('allocated')[0]['batches']") == [92, 36]  # as computed above
+    pushes = heavier.value("[r['worker'] for r in nbdist.last_run.push_records]")
+    assert [pushes.count(w) for w in (0, 1)] == [2 * (2000 // 128)] * 2  # free links: a commit every step
+    assert heavier.value("type(model.optimizer).__name__") == "Adam"
+    assert heavier.value("int(model.optimizer.iterations)") == 2 * (2000 // 128)  # rank 0's own Adam steps
+    losses = heavier.value("history.history['loss']")
+    assert losses[1] < losses[0]
+
+
 def test_the_dashboard_switches_phase_by_hand(heavier, cluster):
     kernel = heavier
     idle_engines(cluster, 2)

@@ -211,5 +211,5 @@ def test_ablations_switch_allocation_off_and_name_the_parts_there_are():
     coordinator.update(run, {"coordination": {"profiles": profiles}}, {})
     assert sent[0][0] == "allocate" and sent[0][1]["batches"] == [64, 64] and sent[0][1]["periods"] == [1, 1]
     assert parts_off("switch+compression") == {"switch", "compression"}
-    with pytest.raises(OptionError, match="ASHL's parts are allocation, switch, compression, local-steps; unknown: profile"):
+    with pytest.raises(OptionError, match="ASHL's parts are allocation, switch, compression; unknown: profile"):
         parts_off("profile")

@@ -127,3 +127,14 @@ def test_a_dataset_ashl_cannot_rebatch_is_refused_with_what_to_pass():
         per_sample(tf.data.Dataset.from_tensor_slices((x, x)).batch(8).map(lambda a, b: (a, b)))
     with pytest.raises(OptionError, match="known, finite length"):
         per_sample(tf.data.Dataset.from_tensor_slices((x, x)).filter(lambda a, b: a > 3).batch(8))
+
+
+def test_local_steps_between_commits_on_a_hand_example():
+    """Two workers of equal compute (1e-4 s a sample), the second on a link whose exchange takes 20 ms; B = 128.
+    By hand: k = 1 gives b = [112, 16] (the second floored) and 14.8 ms of the common 16.4 ms left for its
+    exchange, so k = 2; then k = 3 (9.8 ms left), then b = [97, 31] and k = 4; at k = 4 the exchange costs 5 ms
+    a step and b = [89, 39] makes both steps 8.9 ms, of which the second worker's compute leaves 5 ms: k stays 4."""
+    from nbdist.ashl.allocation import allocate_with_periods
+
+    fast, slow_link = CostModel(0.0, 1e-4, 0.0), CostModel(0.0, 1e-4, 0.02)
+    assert allocate_with_periods([fast, slow_link], 128, b_min=16) == ([89, 39], [1, 4])

@@ -4,11 +4,11 @@ Each worker first profiles itself (compute at b0 and 2*b0, push-sized round trip
 the PS; workers sharing a host take turns) and posts the profile to the PS; the kernel
 allocates batches that equalise step time (`nbdist.ashl.allocation`) and every worker
 then trains on its share: per global batch of B samples, worker i takes its b_i. Each worker
-steps with the cell's own optimizer and, every `period` steps its allocation gives it, pushes
-the update those local steps made; in AHL the shards apply each push as it comes, weighted
-b_i/B; when the switch rule says so they turn synchronous (SHL: one batch-weighted mean update
-per round). `--without local-steps` is the first round's AHL: workers push gradients, the
-shards apply the `ddc-asgd` rule to them (scaled by b_i/mean(b)) and SHL the cell's optimizer.
+pushes its gradients (every `period` steps its allocation gives it, their mean); AHL applies
+the `ddc-asgd` rule to them, scaled by b_i/mean(b); when the switch rule says so the shards
+turn synchronous (SHL: one batch-weighted mean per round, the cell's optimizer). With
+`--commits local-steps` each worker steps with the cell's own optimizer instead and pushes
+the update of its period's local steps; AHL adds each weighted b_i/B, SHL a round's mean.
 About once a second workers report their measured step times and take the allocation
 then in force; each worker compresses its pushes (fp16, top-k) when communication
 dominates its step. The decisions are the kernel's (`nbdist.ashl.coordinator`); the
@@ -41,11 +41,14 @@ from .base import Option, Reports
 from .adsp import local_committer
 from .parameter_server import PsWorker
 
-PARTS = ("allocation", "switch", "compression", "local-steps")
+PARTS = ("allocation", "switch", "compression")
 WITHOUT = Option("--without", "switch parts of ASHL off, for ablations: allocation (equal batches, every worker "
-                 "pushing each step), switch (asynchronous to the end), compression, local-steps (workers push "
-                 "gradients, which the shards apply by the ddc-asgd rule); several joined by + or ,",
+                 "pushing each step), switch (asynchronous to the end), compression; several joined by + or ,",
                  metavar="PARTS")
+COMMITS = Option("--commits", "what a worker pushes: gradients (the shards apply ddc-asgd, then in SHL the cell's "
+                 "SGD) or local-steps (each worker steps with the cell's own optimizer, any optimizer, and pushes "
+                 "the update of its allocated period; the shards weight it b_i/B)", default="gradients",
+                 choices=("gradients", "local-steps"))
 PROBES = 5  # push-sized round trips, at most; at least MIN_PROBES, then while within the budget
 MIN_PROBES = 2
 REPORT_EVERY_S = 1.0
@@ -58,8 +61,15 @@ class AshlWorker(PsWorker):
 
     @property
     def uses_ps_optimizer(self) -> bool:
-        """With local steps (the default) each worker steps with the cell's optimizer and pushes its update."""
-        return "local-steps" in parts_off(self.values.get("without"))
+        """With `--commits local-steps` each worker steps with the cell's optimizer and pushes its update."""
+        return self.values.get("commits") != "local-steps"
+
+    def optimizer_spec(self, optimizer):
+        try:
+            return super().optimizer_spec(optimizer)
+        except OptionError as exc:
+            raise OptionError(f"{exc} Or keep ashl with --commits local-steps: each worker then applies the cell's "
+                              "optimizer itself, whichever it is.") from None
 
     def connect(self, exchange: PacedExchange, model, variables) -> list:
         if self.uses_ps_optimizer:
@@ -217,7 +227,7 @@ class AshlStrategy(DdcAsgdStrategy):
     summary = ("heterogeneous clusters: profile, batches sized to each worker's speed, async (ddc-asgd) then "
                "sync phase, compression when communication dominates")
     reads = (*(o for o in (*opt.PARAMETER_SERVER, opt.MOMENTUM, *DDC_OPTIONS)
-               if o not in (opt.MAX_STALENESS, opt.DATA_SHARDS)), WITHOUT)  # ASHL sizes each worker's share itself
+               if o not in (opt.MAX_STALENESS, opt.DATA_SHARDS)), WITHOUT, COMMITS)  # ASHL sizes each share itself
     reports = Reports(panels=(*DELAY_REPORTS.panels, "decisions"), phases=("profile", "ahl", "shl"),
                       controls=("pause", "resume", "stop", "lr_scale", "evict", "switch_phase"))
     worker_class = AshlWorker
@@ -241,7 +251,7 @@ class AshlStrategy(DdcAsgdStrategy):
         hosts = self.hosts or [None] * workers
         groups = [[r for r in range(workers) if hosts[r] == host] for host in dict.fromkeys(hosts)]
         settings = super().shard_settings(workers)
-        if "local-steps" not in parts_off(self.value("without")):  # a push is an update: w += (b_i / B) * delta
+        if self.value("commits") == "local-steps":  # a push is an update: w += (b_i / B) * delta
             settings["rule"] = {"preset": "adsp", "workers": workers}
         return {**settings, "max_staleness": None,
                 "extension": {"class": MEETING, "config": {"profile_groups": groups,
