@@ -149,8 +149,7 @@ def fuzz(messages: int, seed: int, good_every: int) -> dict:
         socket.send_multipart(frames)
         return wire.decode(key, socket.recv_multipart()) if socket.poll(int(ANSWER_S * 1000)) else None
 
-    # good pushes come from a session of their own (a thread): a re-signed junk header may carry any sequence
-    # number for the session it was derived from, which then refuses that session's later messages as replays
+    # good pushes have a session (thread) of their own: a re-signed junk header can move its session's sequence
     good_session = ThreadPoolExecutor(1)
 
     def good_push(**fields) -> list:
