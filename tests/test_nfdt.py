@@ -115,7 +115,7 @@ def test_a_worker_killed_mid_run_is_dropped_and_the_others_finish(kernel, cluste
 def test_ps_killed_fails_fast_with_the_checkpoint_then_resume_continues_from_it(kernel, cluster, tmp_path):
     idle_engines(cluster, 2)
     cell = SGD_CELL.format(lr=0.05, batch=32, epochs=200, steps="None", shuffle=True)
-    msg_id = kernel.submit(f"%%distribute --strategy nfdt --workers 2 --checkpoint-every 1 "
+    msg_id = kernel.submit(f"%%distribute --strategy nfdt --workers 2 --checkpoint-every 1 --ps-restarts 0 "
                            f"--checkpoint-dir {tmp_path}\n" + cell)
     kernel.collect(msg_id, timeout=180, until_output="step")
     saved = kernel_checkpoint(tmp_path)
@@ -139,6 +139,38 @@ def test_ps_killed_fails_fast_with_the_checkpoint_then_resume_continues_from_it(
     resumed = checkpoint.load(saved)["version"]
     assert kernel.value("[e['event'] for e in nbdist.last_run.events]")[:1] == ["resumed"]
     assert kernel.value("nbdist.last_run.ps[0]['version']") == resumed + 6
+
+
+def test_a_killed_shard_is_restarted_from_its_checkpoint_and_the_run_finishes(kernel, cluster, tmp_path):
+    idle_engines(cluster, 2)
+    cell = SGD_CELL.format(lr=0.05, batch=32, epochs=6, steps="None", shuffle=True)
+    msg_id = kernel.submit(f"%%distribute --strategy nfdt --workers 2 --checkpoint-dir {tmp_path}\n" + cell)
+    kernel.collect(msg_id, timeout=180, until_output="step")
+    kernel_checkpoint(tmp_path)  # the first checkpoint is taken as soon as the model reached the shard
+    within(lambda: any(p.stat().st_size for p in tmp_path.glob("*.pushlog-0.jsonl")))  # flushed once a second
+    shard, = [p for p in psutil.Process(kernel.pid).children() if "nbdist.ps.server" in " ".join(p.cmdline())]
+    shard.kill()
+    reply = kernel.collect(msg_id, timeout=240)
+    assert reply.status == "ok", reply.error_text
+    restarted, = [e for e in kernel.value("nbdist.last_run.events") if e["event"] == "shard_restarted"]
+    assert restarted["shard"] == 0 and restarted["recovery_s"] < 10 and restarted["restarts_left"] == 2
+    assert kernel.value("len(history.history['loss'])") == 6  # every epoch, in one History
+    losses = kernel.value("history.history['loss']")
+    assert losses[-1] < losses[0]
+    final = kernel.value("nbdist.last_run.ps[0]")
+    assert final["counts"]["applied"] == final["counts"]["acked"] > 0  # the restarted shard's own pushes
+    records = kernel.value("[r['version'] for r in nbdist.last_run.push_records]")
+    assert len(records) > final["counts"]["acked"]  # the log carries on across the restart: before and after
+
+
+def within(condition, timeout: float = 60):
+    """Poll `condition()` until truthy (bounded)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout} s")
 
 
 def kernel_checkpoint(directory, timeout: float = 60):

@@ -49,6 +49,7 @@ class PsClient:
         self.context = zmq.Context()
         self.sockets = [self._connect(a) for a in self.addresses]
         self.last_answer = [time.time()] * len(self.addresses)
+        self.incarnation = [0] * len(self.addresses)  # each shard's, as its pongs say (a restart counts it up)
         self.bytes_sent = 0
         self.bytes_received = 0
         self.comm_s = 0.0
@@ -74,12 +75,18 @@ class PsClient:
             self.before_request()
         started = time.time()
         targets = range(len(self.sockets)) if only is None else [only]
-        for i in targets:
+        sent_to: dict[int, int] = {}  # shard -> the incarnation the request went to
+
+        def send(i: int) -> None:
             own = fields_per_shard[i] if fields_per_shard else {}
             frames = wire.encode(self.key, kind, per_shard[i] if per_shard else None, worker=self.worker,
                                  **fields, **own)
             self.bytes_sent += sum(len(f) for f in frames)
+            sent_to[i] = self.incarnation[i]
             self.sockets[i].send_multipart(frames, copy=len(frames) < 3)
+
+        for i in targets:
+            send(i)
         replies: dict[int, wire.Message | None] = {i: None for i in targets}
         poller = zmq.Poller()
         for i in targets:
@@ -94,6 +101,16 @@ class PsClient:
                     self.bytes_received += sum(len(f) for f in frames)
                     replies[i] = wire.decode(self.key, frames)
                     self.last_answer[i] = time.time()
+                    if replies[i].kind == "rejected" and replies[i].header.get("reason") == "restarting":
+                        replies[i] = None  # sent before the shard died, reached its successor: resent below
+                elif replies[i] is None and self.incarnation[i] != sent_to[i]:
+                    # the shard was restarted from a checkpoint: ask its successor on a socket of its own, so
+                    # an answer to the first request (had it reached the successor too) goes nowhere
+                    poller.unregister(self.sockets[i])
+                    self.sockets[i].close(linger=0)
+                    self.sockets[i] = self._connect(self.addresses[i])
+                    poller.register(self.sockets[i], zmq.POLLIN)
+                    send(i)
             self._check_alive(replies)
         self.comm_s += time.time() - started
         for i, message in replies.items():  # only once every shard answered: no reply is left queued
@@ -117,7 +134,8 @@ class PsClient:
             while not self._stop.wait(PING_INTERVAL_S):
                 for i, socket in enumerate(sockets):
                     while socket.poll(0):
-                        socket.recv_multipart()
+                        pong = wire.decode(self.key, socket.recv_multipart())
+                        self.incarnation[i] = max(self.incarnation[i], int(pong.header.get("incarnation") or 0))
                         self.last_answer[i] = time.time()
                     socket.send_multipart(wire.encode(self.key, "heartbeat", worker=self.worker))
         finally:

@@ -17,7 +17,8 @@ HELD_KINDS = ("pull", "push", "done", "epoch")  # answered when their condition 
 
 
 def _heartbeat(shard, ident, worker, message):
-    return [(ident, "pong", None, {"version": shard.version})]
+    # a restarted shard announces its incarnation once it holds its checkpoint: requests resent to it find the model
+    return [(ident, "pong", None, {"version": shard.version, "incarnation": shard.incarnation if shard.initialised else 0})]
 
 
 def _init(shard, ident, worker, message):

@@ -28,7 +28,12 @@ def serve(config: dict, key: bytes, ready=print) -> None:
     context = zmq.Context()
     socket = context.socket(zmq.ROUTER)
     socket.setsockopt(zmq.LINGER, 1000)
-    port = socket.bind_to_random_port(f"tcp://{config.get('bind', '127.0.0.1')}")
+    address = f"tcp://{config.get('bind', '127.0.0.1')}"
+    if config.get("port"):  # a restarted shard takes its predecessor's port: workers reconnect by themselves
+        socket.bind(f"{address}:{int(config['port'])}")
+        port = int(config["port"])
+    else:
+        port = socket.bind_to_random_port(address)
     ready(f"READY {port}")
     parent = os.getppid()
     poller = zmq.Poller()

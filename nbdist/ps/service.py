@@ -13,7 +13,10 @@ from . import checkpoint, launcher, wire
 from .client import PsClient, PsUnavailable, merged
 from .shard import CONTROLLER
 
+NON_TRAINABLE = "n"  # the prefix of a non-trainable variable's name (strategies.parameter_server.variable_names)
+
 MONITOR_INTERVAL_S = 1.0
+MONITOR_TIMEOUT_S = 5.0  # the monitor's own requests (heartbeat, checkpoint) are answered at once by a live shard
 ENGINE_CALL_TIMEOUT_S = 60
 
 
@@ -24,6 +27,7 @@ class ShardProcess:
     pid: int
     address: str  # tcp://ip:port
     engine: int | None = None  # the engine whose host runs it; None: the notebook host
+    incarnation: int = 0  # restarts so far
 
 
 class PsService:
@@ -36,11 +40,16 @@ class PsService:
         settings: what every shard applies: max_staleness (None: unbounded), rule (None: the
             cell's optimizer; see updaters.make_updater), synchronous (ssgd rounds).
         checkpoint_dir / checkpoint_every_s: where and how often the PS state is saved.
+        restarts: how many times a shard on this host that dies is restarted from the last
+            checkpoint (on the same port, so workers reconnect) before the run fails.
     """
 
     def __init__(self, run_id: int, shards: int, workers: int, settings: dict,
-                 checkpoint_dir: str, checkpoint_every_s: float):
+                 checkpoint_dir: str, checkpoint_every_s: float, restarts: int = 0):
         self.run_id, self.count, self.workers = run_id, shards, workers
+        self.restarts_left = restarts
+        self.events: list[dict] = []  # restarts, for the run's events
+        self._bind: str | None = None
         self.settings = settings
         self.checkpoint_dir, self.checkpoint_every_s = checkpoint_dir, checkpoint_every_s
         self.key = wire.new_key()
@@ -56,6 +65,7 @@ class PsService:
     # -- lifecycle -----------------------------------------------------------------------
     def start(self, bind: str, cluster=None, engines: list[int] | None = None) -> None:
         """Start the shards on this host (engines None) or round-robin on the hosts of `engines`."""
+        self._bind = bind
         for i in range(self.count):
             config = {**self.settings, "shard": i, "workers": self.workers, "log_path": self.push_log_path(i)}
             if engines:
@@ -64,12 +74,15 @@ class PsService:
                 info = started.get(timeout=ENGINE_CALL_TIMEOUT_S)
             else:
                 eid = None
-                info = launcher.start_shard({**config, "bind": bind}, self.key,
-                                            os.path.join(self.log_dir, f"shard-{i}.log"))
+                info = launcher.start_shard({**config, "bind": bind}, self.key, self.shard_log(i))
                 info["ip"] = bind
             self.shards.append(ShardProcess(i, info["host"], info["pid"], f"tcp://{info['ip']}:{info['port']}", eid))
         self._monitor = threading.Thread(target=self._watch, name=f"nbdist-ps-monitor-{self.run_id}", daemon=True)
         self._monitor.start()
+
+    def shard_log(self, shard: int) -> str:
+        """Where a shard on this host writes its stderr."""
+        return os.path.join(self.log_dir, f"shard-{shard}.log")
 
     def push_log_path(self, shard: int) -> str:
         """Where shard `shard` streams its whole push log: beside the run's checkpoint."""
@@ -144,27 +157,64 @@ class PsService:
 
     # -- health and checkpoints ------------------------------------------------------------
     def _client(self) -> PsClient:
-        return PsClient(self.addresses, self.key, CONTROLLER, heartbeat=False)
+        return PsClient(self.addresses, self.key, CONTROLLER, heartbeat=False, ps_timeout_s=MONITOR_TIMEOUT_S)
 
     def _watch(self) -> None:
         next_checkpoint = time.time() + self.checkpoint_every_s
+        client = self._client()
         try:
-            with self._client() as client:
-                while not self._stop.wait(MONITOR_INTERVAL_S):
-                    self._check_processes()
+            while not self._stop.wait(MONITOR_INTERVAL_S):
+                self._check_processes()  # restarts a dead shard, or raises
+                try:
                     client.request("heartbeat")
-                    if time.time() >= next_checkpoint:
+                    if self.last_checkpoint is None or time.time() >= next_checkpoint:  # the first: at once
                         self._checkpoint(client)
                         next_checkpoint = time.time() + self.checkpoint_every_s
+                except PsUnavailable:
+                    if not self._exited():
+                        raise
+                    client.close()  # the shard died while asked: the next round restarts it
+                    client = self._client()
         except (PsUnavailable, NbdistError) as exc:
             self.failure = self.failure or str(exc)
+        finally:
+            client.close()
+
+    def _exited(self) -> list[tuple[ShardProcess, int]]:
+        """The shards on this host whose process has exited, with its code."""
+        codes = [(s, launcher.exit_code(s.pid) if s.engine is None else None) for s in self.shards]
+        return [(s, code) for s, code in codes if code is not None]
 
     def _check_processes(self) -> None:
-        for shard in self.shards:
-            code = launcher.exit_code(shard.pid) if shard.engine is None else None
-            if code is not None:
-                raise PsUnavailable(f"parameter-server shard {shard.index} (pid {shard.pid} on {shard.host}) "
-                                    f"exited with code {code}")
+        for shard, code in self._exited():
+            died = (f"parameter-server shard {shard.index} (pid {shard.pid} on {shard.host}) exited with code "
+                    f"{code}")
+            if self.restarts_left <= 0 or self.last_checkpoint is None:
+                why = "no checkpoint had been saved yet" if self.last_checkpoint is None else "no restarts left"
+                raise PsUnavailable(f"{died}; not restarted: {why} (--ps-restarts)")
+            self._restart(shard, died)
+
+    def _restart(self, shard: ShardProcess, died: str) -> None:
+        """A new process for `shard` on its old port, given its part of the last checkpoint."""
+        started = time.time()
+        self.restarts_left -= 1
+        shard.incarnation += 1
+        config = {**self.settings, "shard": shard.index, "workers": self.workers, "bind": self._bind,
+                  "log_path": self.push_log_path(shard.index), "port": int(shard.address.rsplit(":", 1)[1]),
+                  "start_barrier": False, "incarnation": shard.incarnation}
+        shard.pid = launcher.start_shard(config, self.key, self.shard_log(shard.index))["pid"]
+        saved, part = checkpoint.load(self.last_checkpoint["path"]), self.last_checkpoint["shards"][shard.index]
+        frozen = [k for k in part["keys"] if k not in part["names"] and k.startswith(NON_TRAINABLE)]
+        state = {k: saved["arrays"][k] for k in part["keys"] if k not in frozen}
+        model = {k: saved["arrays"][k] for k in (*part["names"], *frozen)}
+        with PsClient([shard.address], self.key, 0, heartbeat=False) as client:  # as rank 0 gave the model first
+            client.request("restore", [state], version=part["version"])
+            client.request("init", [model], optimizer=saved["optimizer"], trainable=part["names"],
+                           layout=saved["layout"])
+        self.events.append({"t": time.time(), "event": "shard_restarted", "shard": shard.index, "pid": shard.pid,
+                            "version": part["version"], "checkpoint": self.last_checkpoint["path"],
+                            "recovery_s": round(time.time() - started, 3), "cause": died,
+                            "restarts_left": self.restarts_left})
 
     def _checkpoint(self, client: PsClient) -> None:
         replies = client.request("state")
@@ -174,7 +224,9 @@ class PsService:
         state = {"arrays": merged(replies), "version": first["version"], "layout": first["layout"],
                  "optimizer": first["optimizer"]}
         path = checkpoint.save(self.checkpoint_dir, self.run_id, state)
-        self.last_checkpoint = {"path": str(path), "version": first["version"], "saved_at": time.time()}
+        self.last_checkpoint = {"path": str(path), "version": first["version"], "saved_at": time.time(),
+                                "shards": [{"names": r.header["names"], "version": r.header["version"],
+                                            "keys": list(r.arrays)} for r in replies]}
 
     def checkpoint_weights(self) -> list:
         """The last checkpoint's weights in `model.get_weights()` order (empty when none was saved)."""

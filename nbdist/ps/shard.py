@@ -27,6 +27,7 @@ from .updaters import CommitUpdater, make_updater
 from .zero_copy import SharedArrays
 
 HEARTBEAT_TIMEOUT_S = 5.0
+NEEDS_MODEL = ("push", "pull", "probe", "epoch", "done", "learning_rate", "report", "turn", "profile")
 CONTROLLER = "controller"
 CONTROLLER_KINDS = {"state", "stats", "restore", "stop", "heartbeat", "control"}
 LOG_FIELDS = ("t", "worker", "step", "version", "staleness", "outcome", "lead", "gamma", "momentum", "comp_norm",
@@ -101,6 +102,7 @@ class Shard:
 
     def __init__(self, config: dict):
         self.index: int = config.get("shard", 0)
+        self.incarnation: int = int(config.get("incarnation", 0))  # how often this shard was restarted
         self.rule: dict | None = config.get("rule")  # None: the cell's optimizer; see updaters.make_updater
         self.clock = config.get("clock", "real")
         self.policy = policy_for(config.get("max_staleness"), bool(config.get("synchronous")), self.clock,
@@ -111,6 +113,9 @@ class Shard:
         self.max_bytes: int = config.get("max_bytes", wire.DEFAULT_MAX_BYTES)
         self.extension = load_extension(config.get("extension"))
         self.workers = {k: WorkerState() for k in range(config["workers"])}
+        if self.incarnation:  # restarted: a worker that finished its fit before the crash says nothing more
+            for worker in self.workers.values():
+                worker.last_seen = time.time()
         self.variables: dict[str, np.ndarray] = {}
         self.updater = None
         self.frozen: dict[str, np.ndarray] = {}
@@ -120,7 +125,7 @@ class Shard:
         self.restored: dict | None = None
         self.counts = Counter(applied=0, acked=0, dropped=0, rejected=0)
         self.rejections: Counter = Counter()
-        self.log = PushLog(config.get("log_path"), config.get("log_window") or WINDOW)
+        self.log = PushLog(config.get("log_path"), config.get("log_window") or WINDOW, resume=self.incarnation > 0)
         self.events: list[dict] = []
         self.shared = SharedArrays()
         self.waiting: list[tuple[bytes, wire.Message]] = []  # held requests, in arrival order
@@ -185,6 +190,9 @@ class Shard:
         if worker >= 0:
             self.workers[worker].last_seen = time.time()
         kind = message.kind
+        if self.incarnation and not self.initialised and kind in NEEDS_MODEL:
+            # a request queued for the shard that died: the worker resends it once this one announces itself
+            raise wire.Rejected("restarting", "the shard was restarted and has not received its checkpoint yet")
         extension = self.extension
         if extension is not None and kind in extension.kinds + extension.held_kinds:
             fields = self._extension_call(extension.handle, worker, message)
@@ -276,7 +284,8 @@ class Shard:
         """Apply one worker's push now (the release policy said so); its reply (with `fields`). `t`: the
         push log's time (the virtual instant, on the virtual clock)."""
         self.workers[worker].pushed += 1
-        staleness = self.version - message.header["version"]
+        # after a restart from a checkpoint a push may come from weights newer than the shard's: as stale by the gap
+        staleness = abs(self.version - message.header["version"])
         grads = message.arrays
         scale = self.extension.push_scale(message.header.get("batch")) if self.extension is not None else 1.0
         if scale != 1.0:

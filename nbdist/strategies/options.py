@@ -24,6 +24,9 @@ CHECKPOINT_EVERY = Option("--checkpoint-every", "save the parameter server's wei
                           metavar="SECONDS", minimum=0.1)
 CHECKPOINT_DIR = Option("--checkpoint-dir", "where checkpoints go, as run-N.npz (default nbdist-checkpoints, next "
                         "to the notebook)", default="nbdist-checkpoints", metavar="DIR")
+PS_RESTARTS = Option("--ps-restarts", "how many times a parameter-server shard on the notebook host that dies is "
+                     "restarted from the last checkpoint, workers reconnecting, before the run fails (default 3; "
+                     "0: fail at once)", type=int, default=3, metavar="R", minimum=0)
 RESUME = Option("--resume", "start from the newest checkpoint in --checkpoint-dir (or from PATH) instead of the "
                 "model's initial weights", optional_value="latest", metavar="PATH")
 MOMENTUM = Option("--momentum", "the momentum mu the PS uses instead of the cell optimizer's (asgd:momentum=0 in "
@@ -39,4 +42,5 @@ OVERLAP = Option("--overlap", "on: the next step computes while the push-pull is
                  "(exact sequential SGD with one worker); auto (the default): on, except for the cell's own SGD "
                  "with momentum above 0.45 under nfdt/asgd, where that delay would push the effective momentum past "
                  "0.95. --max-staleness and the virtual clock turn it off", default="auto", choices=("auto", "on", "off"))
-PARAMETER_SERVER = (PS_SHARDS, PS_ON, MAX_STALENESS, CHECKPOINT_EVERY, CHECKPOINT_DIR, RESUME, SIMULATE, DATA_SHARDS)
+PARAMETER_SERVER = (PS_SHARDS, PS_ON, MAX_STALENESS, CHECKPOINT_EVERY, CHECKPOINT_DIR, RESUME, PS_RESTARTS, SIMULATE,
+                    DATA_SHARDS)

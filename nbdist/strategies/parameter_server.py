@@ -29,7 +29,7 @@ from ..hetero import Profile, Slowdown, StepCost, parse_clock, parse_simulate
 from ..keras_bridge import apply_gradients_restored, build_for_training
 from ..netroute import address_towards_cluster
 from ..ps import checkpoint, delay, rules
-from ..ps.client import PsClient, merged
+from ..ps.client import PS_TIMEOUT_S, PsClient, merged
 from ..ps.exchange import PushPull
 from ..ps.partition import partition
 from ..ps.service import PsService
@@ -38,6 +38,9 @@ from ..virtual_clock import VirtualClock, measure_step_cost
 from . import options as opt
 from .base import Reports, Strategy, Worker
 from .ps_callbacks import epoch_agreement, follow_learning_rate, restore_best_weights, stop_when_asked
+
+
+RESTART_WAIT_S = 30.0  # how long a worker waits for a silent shard when the kernel may restart it
 
 
 class PsWorker(Worker):
@@ -54,7 +57,8 @@ class PsWorker(Worker):
         variables = list(model.trainable_variables)
         names = variable_names(model)["trainable"]
         plan = partition({n: int(np.prod(v.shape)) for n, v in zip(names, variables)}, len(self.config["shards"]))
-        client = PsClient(self.config["shards"], bytes.fromhex(self.config["key"]), self.rank)
+        client = PsClient(self.config["shards"], bytes.fromhex(self.config["key"]), self.rank,
+                          ps_timeout_s=RESTART_WAIT_S if self.config.get("ps_restarts") else PS_TIMEOUT_S)
         exchange = self.exchange_class(client, plan, names, request.samples_per_step, Slowdown(self.simulated))
         user = self.user_callbacks(request)
         try:
@@ -240,7 +244,8 @@ class PsStrategy(Strategy):
         self.cluster = cluster
         settings = self.shard_settings(len(run.workers))
         self.service = PsService(run.id, self.value("ps_shards"), len(run.workers), settings,
-                                 self.value("checkpoint_dir"), self.value("checkpoint_every"))
+                                 self.value("checkpoint_dir"), self.value("checkpoint_every"),
+                                 restarts=self.shard_restarts(settings))
         towards = address_towards_cluster(cluster.client, all(cluster.shares_network(e) for e in run.workers))
         on_engines = self.value("ps_on") == "engines"
         self.service.start(towards, cluster if on_engines else None, run.workers if on_engines else None)
@@ -252,10 +257,18 @@ class PsStrategy(Strategy):
                                "version": resume.get("version")})
         clock, step = parse_clock(self.value("simulate"))
         return {"fractions": fractions, "shards": self.service.addresses, "key": self.service.key.hex(),
+                "ps_restarts": self.service.restarts_left,
                 "overlap": self.overlaps(),
                 "rule": (settings["rule"] or {}).get("preset"),
                 "simulate": [p.to_json() for p in profiles],
                 "virtual": {"step": step.to_json() if step else None} if clock == "virtual" else None}
+
+    def shard_restarts(self, settings: dict) -> int:
+        """--ps-restarts as the shards apply it: none on the virtual clock (a restarted shard would not know
+        the workers' simulated times) or with a shard extension (ASHL's allocation and phase live there)."""
+        if self.clock == "virtual" or settings.get("extension"):
+            return 0
+        return self.value("ps_restarts")
 
     def overlaps(self) -> str:
         """--overlap as the workers apply it: off where the strategy does not read it, under --max-staleness
@@ -298,6 +311,7 @@ class PsStrategy(Strategy):
             return {}
 
     def check(self, run) -> None:
+        self._take_service_events(run)
         if self.service is not None and self.service.failure:
             run.checkpoint = {**(self.service.last_checkpoint or {}), "weights": self.service.checkpoint_weights()}
             saved = self.service.last_checkpoint
@@ -308,9 +322,16 @@ class PsStrategy(Strategy):
             raise ParameterServerFailed(f"the parameter server failed during run {run.id}: "
                                         f"{self.service.failure} {where}")
 
+    def _take_service_events(self, run) -> None:
+        """The kernel's own PS events (shard restarts) onto the run, as they happen."""
+        if self.service is not None and self.service.events:
+            run.events += self.service.events
+            self.service.events = []
+
     def finish(self, run) -> None:
         if self.service is None:
             return
+        self._take_service_events(run)
         outcome = self.service.stop(self.cluster)
         if outcome["checkpoint"] and not run.checkpoint:
             run.checkpoint = {**outcome["checkpoint"], "weights": self.service.checkpoint_weights()}
