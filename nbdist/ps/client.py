@@ -104,12 +104,7 @@ class PsClient:
                     if replies[i].kind == "rejected" and replies[i].header.get("reason") == "restarting":
                         replies[i] = None  # sent before the shard died, reached its successor: resent below
                 elif replies[i] is None and self.incarnation[i] != sent_to[i]:
-                    # the shard was restarted from a checkpoint: ask its successor on a socket of its own, so
-                    # an answer to the first request (had it reached the successor too) goes nowhere
-                    poller.unregister(self.sockets[i])
-                    self.sockets[i].close(linger=0)
-                    self.sockets[i] = self._connect(self.addresses[i])
-                    poller.register(self.sockets[i], zmq.POLLIN)
+                    self._reconnect(i, poller)
                     send(i)
             self._check_alive(replies)
         self.comm_s += time.time() - started
@@ -120,6 +115,14 @@ class PsClient:
                                 f"{header.get('detail') or header.get('message') or header.get('reason')}",
                                 header.get("reason", "error"))
         return list(replies.values())
+
+    def _reconnect(self, i: int, poller) -> None:
+        """Shard `i` was restarted from a checkpoint: its successor is asked on a socket of its own, so an
+        answer to the first request (had that reached the successor too) goes nowhere."""
+        poller.unregister(self.sockets[i])
+        self.sockets[i].close(linger=0)
+        self.sockets[i] = self._connect(self.addresses[i])
+        poller.register(self.sockets[i], zmq.POLLIN)
 
     def _check_alive(self, replies: dict) -> None:
         now = time.time()

@@ -28,12 +28,7 @@ def serve(config: dict, key: bytes, ready=print) -> None:
     context = zmq.Context()
     socket = context.socket(zmq.ROUTER)
     socket.setsockopt(zmq.LINGER, 1000)
-    address = f"tcp://{config.get('bind', '127.0.0.1')}"
-    if config.get("port"):  # a restarted shard takes its predecessor's port: workers reconnect by themselves
-        socket.bind(f"{address}:{int(config['port'])}")
-        port = int(config["port"])
-    else:
-        port = socket.bind_to_random_port(address)
+    port = _bind(socket, config)
     ready(f"READY {port}")
     parent = os.getppid()
     poller = zmq.Poller()
@@ -72,6 +67,16 @@ def serve(config: dict, key: bytes, ready=print) -> None:
         shard.log.close()
         socket.close()
         context.term()
+
+
+def _bind(socket, config: dict) -> int:
+    """Bind to the configured port (a restarted shard takes its predecessor's: workers reconnect by
+    themselves) or to a free one; the port."""
+    address = f"tcp://{config.get('bind', '127.0.0.1')}"
+    if config.get("port"):
+        socket.bind(f"{address}:{int(config['port'])}")
+        return int(config["port"])
+    return socket.bind_to_random_port(address)
 
 
 def _claimed_worker(frames):
