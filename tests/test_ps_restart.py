@@ -77,3 +77,12 @@ def test_a_restarted_shard_turns_away_requests_until_its_checkpoint_arrives_and_
     assert HANDLERS["heartbeat"](shard, b"w0", 0, None)[0][3]["incarnation"] == 1  # now workers resend to it
     replies = shard.handle(b"w0", message("push", grads(1.0), worker=0, version=5, step=5))
     assert replies[0][3]["staleness"] == 2 and shard.version == 4  # from weights 2 versions newer than the checkpoint
+
+
+def test_the_monitor_asking_for_a_checkpoint_before_the_model_arrives_gets_nothing_and_no_error():
+    from nbdist.ps.shard import Shard
+    from tests.support import message
+
+    shard = Shard({"workers": 1})
+    (_, kind, arrays, fields), = shard.handle(b"k", message("state", worker="controller"))
+    assert kind == "state" and arrays == {} and fields["names"] == []

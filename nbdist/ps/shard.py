@@ -420,7 +420,9 @@ class Shard:
                             for k, w in self.workers.items()}}
 
     def state_arrays(self) -> dict:
-        """Copies (a checkpoint is rare; copies need no tracking while they are sent)."""
+        """Copies (a checkpoint is rare; copies need no tracking while they are sent); none before the model."""
+        if not self.initialised:
+            return {}
         return {**{n: np.array(v) for n, v in self.variables.items()}, **self.updater.state(), **self.frozen}
 
     # -- the model arrives -------------------------------------------------------------
