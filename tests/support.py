@@ -59,6 +59,17 @@ def eventually(kernel, expression: str, timeout: float = 60):
     raise AssertionError(f"{expression} still falsy after {timeout} s")
 
 
+def within(condition, timeout: float = 60):
+    """The value of `condition()` once truthy, polled in this process (bounded)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout} s")
+
+
 def push_log(kernel) -> list[dict]:
     """The first shard's push log of the kernel's last run, one dict per push."""
     return kernel.value("[dict(zip(s['log_fields'], e)) for s in nbdist.last_run.ps[:1] for e in s['log']]")

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from nbdist.ps import checkpoint
-from tests.support import SGD_CELL, idle_engines, push_log
+from tests.support import SGD_CELL, idle_engines, push_log, within
 
 pytestmark = pytest.mark.cluster
 
@@ -161,16 +161,6 @@ def test_a_killed_shard_is_restarted_from_its_checkpoint_and_the_run_finishes(ke
     assert final["counts"]["applied"] == final["counts"]["acked"] > 0  # the restarted shard's own pushes
     records = kernel.value("[r['version'] for r in nbdist.last_run.push_records]")
     assert len(records) > final["counts"]["acked"]  # the log carries on across the restart: before and after
-
-
-def within(condition, timeout: float = 60):
-    """Poll `condition()` until truthy (bounded)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout} s")
 
 
 def kernel_checkpoint(directory, timeout: float = 60):

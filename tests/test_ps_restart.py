@@ -4,28 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
 
 from nbdist.ps.client import PsClient, PsUnavailable
 from nbdist.ps.service import PsService
-from tests.support import SGD, W0, grads
+from tests.support import SGD, W0, grads, within
 
 SETTINGS = {"max_staleness": None, "rule": None, "synchronous": False, "momentum": None, "start_barrier": False,
             "clock": "real"}
-
-
-def within(condition, timeout: float = 30.0):
-    """Poll `condition()` until truthy (bounded); its value."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout} s")
 
 
 @pytest.fixture

@@ -18,7 +18,8 @@ HELD_KINDS = ("pull", "push", "done", "epoch")  # answered when their condition 
 
 def _heartbeat(shard, ident, worker, message):
     # a restarted shard announces its incarnation once it holds its checkpoint: requests resent to it find the model
-    return [(ident, "pong", None, {"version": shard.version, "incarnation": shard.incarnation if shard.initialised else 0})]
+    incarnation = shard.incarnation if shard.initialised else 0
+    return [(ident, "pong", None, {"version": shard.version, "incarnation": incarnation})]
 
 
 def _init(shard, ident, worker, message):

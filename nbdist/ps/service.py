@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..errors import NbdistError
 from . import checkpoint, launcher, wire
-from .client import PsClient, PsUnavailable, merged
+from .client import PS_TIMEOUT_S, PsClient, PsUnavailable, merged
 from .shard import CONTROLLER
 
 NON_TRAINABLE = "n"  # the prefix of a non-trainable variable's name (strategies.parameter_server.variable_names)
@@ -156,12 +156,12 @@ class PsService:
                     pass
 
     # -- health and checkpoints ------------------------------------------------------------
-    def _client(self) -> PsClient:
-        return PsClient(self.addresses, self.key, CONTROLLER, heartbeat=False, ps_timeout_s=MONITOR_TIMEOUT_S)
+    def _client(self, ps_timeout_s: float = PS_TIMEOUT_S) -> PsClient:
+        return PsClient(self.addresses, self.key, CONTROLLER, heartbeat=False, ps_timeout_s=ps_timeout_s)
 
     def _watch(self) -> None:
         next_checkpoint = time.time() + self.checkpoint_every_s
-        client = self._client()
+        client = self._client(MONITOR_TIMEOUT_S)
         try:
             while not self._stop.wait(MONITOR_INTERVAL_S):
                 self._check_processes()  # restarts a dead shard, or raises
@@ -174,7 +174,7 @@ class PsService:
                     if not self._exited():
                         raise
                     client.close()  # the shard died while asked: the next round restarts it
-                    client = self._client()
+                    client = self._client(MONITOR_TIMEOUT_S)
         except (PsUnavailable, NbdistError) as exc:
             self.failure = self.failure or str(exc)
         finally:
