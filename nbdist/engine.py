@@ -187,7 +187,7 @@ def run_training_cell(spec: dict) -> list:
     """
     from ipyparallel.datapub import publish_data
 
-    from . import callbacks
+    from . import callbacks, interrupt_guard
     from .errors import NoFitCall
     from .keras_bridge import FitResult, intercept_fit
     from .strategies import REGISTRY
@@ -216,7 +216,7 @@ def run_training_cell(spec: dict) -> list:
         return history
 
     _seed(spec)
-    with worker.cell_context(), intercept_fit(handler):
+    with interrupt_guard.training(), worker.cell_context(), intercept_fit(handler):
         _run_source(spec["cell"], f"<nbdist training cell, run {spec['run']}>")
     if not results:
         raise NoFitCall(

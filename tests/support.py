@@ -34,18 +34,27 @@ def grads(value=1.0):
 def idle_engines(cluster, count: int) -> list[int]:
     """`count` live engines of the shared cluster (starting more if needed); returns their ids.
 
-    The hub keeps an engine a test killed registered: one that holds a queued task but runs none is dead."""
+    An engine a test killed stays registered for a few seconds, holding the task it died in: busy."""
     ipp_cluster, client = cluster
-
-    def live() -> list[int]:
-        status = client.queue_status()
-        return [eid for eid in sorted(client.ids) if not (status[eid]["queue"] and not status[eid]["tasks"])]
-
-    missing = count - len(live())
+    missing = count - len(idle_ids(client))
     if missing > 0:
         ipp_cluster.start_engines_sync(n=missing)
         client.wait_for_engines(len(client.ids) + missing, timeout=120, block=True)
-    return live()[:count]
+    return idle_ids(client)[:count]
+
+
+def busy_ids(client) -> dict[int, dict]:
+    """Registered engines with a task queued or running (direct `queue` or load-balanced `tasks`), and
+    their status."""
+    status = client.queue_status()
+    return {eid: status[eid] for eid in sorted(client.ids)
+            if eid in status and (status[eid]["queue"] or status[eid]["tasks"])}
+
+
+def idle_ids(client) -> list[int]:
+    """Registered engines with nothing queued or running."""
+    busy = busy_ids(client)
+    return [eid for eid in sorted(client.ids) if eid not in busy]
 
 
 def eventually(kernel, expression: str, timeout: float = 60):

@@ -1,0 +1,40 @@
+"""The engine-side guard: SIGINT interrupts a training cell, and is dropped just after one ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from nbdist import interrupt_guard
+
+
+@pytest.fixture
+def guard(monkeypatch):
+    previous = signal.getsignal(signal.SIGINT)
+    monkeypatch.setattr(interrupt_guard, "_state", interrupt_guard._State())
+    yield interrupt_guard
+    signal.signal(signal.SIGINT, previous)
+
+
+def interrupt():
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_sigint_interrupts_a_training_cell(guard):
+    with pytest.raises(KeyboardInterrupt):
+        with guard.training():
+            interrupt()
+
+
+def test_a_late_sigint_is_dropped_then_the_engines_own_handler_has_it_again(guard, monkeypatch):
+    seen = []
+    signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    with guard.training():
+        pass
+    interrupt()  # just after the cell: meant for a run that has ended, it would break the engine's reply
+    assert seen == []
+    monkeypatch.setattr(guard._state, "ended_at", guard._state.ended_at - guard.LATE_S)
+    interrupt()
+    assert seen == [signal.SIGINT]
