@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import socket
@@ -167,16 +168,29 @@ def receive_value(name: str, digest: str, value, pickled: bool = False, shard: t
 
 
 def _seed(spec: dict) -> None:
-    """--seed on every engine; on the virtual clock also deterministic ops (same seed and spec: same weights)."""
-    if spec.get("seed") is None:
+    """--seed on every engine."""
+    if spec.get("seed") is not None:
+        import keras
+
+        keras.utils.set_random_seed(spec["seed"])
+
+
+@contextlib.contextmanager
+def _deterministic_ops(spec: dict):
+    """Within, on the virtual clock with --seed: deterministic ops (same seed and spec: same weights). Turned
+    off again after: the setting is the process's, and later runs on this engine must compute as the others."""
+    if spec.get("seed") is None or (spec.get("config") or {}).get("virtual") is None:
+        yield
         return
-    import keras
+    from tensorflow.python.framework import config
 
-    keras.utils.set_random_seed(spec["seed"])
-    if (spec.get("config") or {}).get("virtual") is not None:
-        import tensorflow as tf
-
-        tf.config.experimental.enable_op_determinism()
+    before = config.is_op_determinism_enabled()
+    config.enable_op_determinism()
+    try:
+        yield
+    finally:
+        if not before:
+            config.disable_op_determinism()
 
 
 def run_training_cell(spec: dict) -> list:
@@ -216,7 +230,7 @@ def run_training_cell(spec: dict) -> list:
         return history
 
     _seed(spec)
-    with interrupt_guard.training(), worker.cell_context(), intercept_fit(handler):
+    with interrupt_guard.training(), _deterministic_ops(spec), worker.cell_context(), intercept_fit(handler):
         _run_source(spec["cell"], f"<nbdist training cell, run {spec['run']}>")
     if not results:
         raise NoFitCall(

@@ -45,7 +45,7 @@ def test_pushes_are_applied_in_virtual_time_order_as_computed_by_hand(kernel):
         == pytest.approx(0.16)
 
 
-def test_the_same_cell_seed_and_spec_give_the_same_log_and_weights(kernel):
+def test_the_same_cell_seed_and_spec_give_the_same_log_and_weights(kernel, cluster):
     line = '%%distribute --strategy ddc-asgd --workers 3 --seed 5 --simulate "speed=1,0.6,0.3; clock=virtual; step=7ms"\n'
     runs = []
     for _ in range(2):
@@ -55,6 +55,16 @@ def test_the_same_cell_seed_and_spec_give_the_same_log_and_weights(kernel):
     (log_a, weights_a), (log_b, weights_b) = runs
     assert log_a == log_b and len(log_a) == 3 * 2 * 6
     assert max(abs(a - b) for wa, wb in zip(weights_a, weights_b) for a, b in zip(wa, wb)) <= 1e-6
+    # deterministic ops were the run's: an engine computes later runs as an engine that never ran one
+    _, client = cluster
+    workers = kernel.value("nbdist.last_run.workers")
+    assert client[workers].apply_sync(_determinism_enabled) == [False] * 3
+
+
+def _determinism_enabled() -> bool:
+    from tensorflow.python.framework import config
+
+    return config.is_op_determinism_enabled()
 
 
 def test_the_start_barrier_holds_first_pushes_until_every_worker_has_stepped(kernel, cluster):
