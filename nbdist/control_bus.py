@@ -1,4 +1,5 @@
-"""Live controls for strategies without a parameter server: pause, resume and stop, kernel to workers.
+"""Live controls for strategies without a parameter server: pause, resume and stop, kernel to workers;
+and, for an elastic `hfdt` run, the job the survivors of a dead rank re-form (`reform`).
 
 The kernel publishes the whole control state on a ZeroMQ PUB socket, as signed wire messages
 (`nbdist.ps.wire`), on every change and every half second (so a worker that connects late or
@@ -26,7 +27,7 @@ class ControlBus:
 
     def __init__(self):
         self.key = wire.new_key()
-        self.state = {"paused": False, "stop": False, "seq": 0}
+        self.state = {"paused": False, "stop": False, "seq": 0, "reform": None}
         self.address: str | None = None
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -50,6 +51,8 @@ class ControlBus:
                 self.state["paused"] = action == "pause"
             elif action == "stop":
                 self.state.update(stop=True, paused=False)
+            elif action == "reform":  # {"generation", "port", "slots": {original rank: Horovod slot}}
+                self.state["reform"] = value
             self.state["seq"] += 1
             self._publish()
             return dict(self.state)
@@ -88,7 +91,7 @@ class ControlPoint:
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SUBSCRIBE, b"")
         self._socket.connect(spec["address"])
-        self.state = {"paused": False, "stop": False, "seq": -1}
+        self.state = {"paused": False, "stop": False, "seq": -1, "reform": None}
         self.stopped = False
 
     def _poll(self) -> dict:
@@ -100,13 +103,17 @@ class ControlPoint:
             except wire.Rejected:
                 continue  # not from this run's kernel: never acted on
             if message.header.get("seq", -1) >= self.state["seq"]:
-                self.state = {k: message.header.get(k) for k in ("paused", "stop", "seq")}
+                self.state = {k: message.header.get(k) for k in ("paused", "stop", "seq", "reform")}
         return self.state
 
     def flags(self) -> np.ndarray:
         """This worker's view, as numbers a collective can agree on: [paused, stop]."""
         state = self._poll()
         return np.array([float(bool(state["paused"])), float(bool(state["stop"]))], np.float32)
+
+    def reform(self) -> dict | None:
+        """The latest job the kernel re-formed for the survivors of a dead rank (None: none yet)."""
+        return self._poll()["reform"]
 
     def act(self, agreed) -> np.ndarray:
         """Act on the flags every rank agreed on: wait while paused (until resumed or stopped), note a stop."""

@@ -316,7 +316,8 @@ def _wait(run: Run, cluster: ClusterHandle, strategy, pending: dict, on_progress
                         f"after {time.time() - run.started_at:.1f} s; the run was stopped on the other engines."
                     )
             except errors.EngineDied:
-                if not strategy.survives_worker_loss or len(run.events_of("worker_died")) + 1 >= len(pending):
+                dead = {e["engine"] for e in run.events_of("worker_died")} | {eid}
+                if not strategy.continues_without(run, cluster, eid, [e for e in run.workers if e not in dead]):
                     raise
                 waiting.pop(eid, None)
                 run.events.append({"t": time.time(), "event": "worker_died", "engine": eid,

@@ -305,9 +305,13 @@ class Session:
         return run
 
     def _conclude(self, run: runs.Run) -> None:
+        recovered = {e["engine"]: e for e in run.events_of("recovered")}
         for event in run.events_of("worker_died"):
+            again = recovered.get(event["engine"])
+            how = (f"; the survivors re-formed the Horovod job with {again['size']} rank(s) at step {again['step']} "
+                   f"and trained again {again['recovery_s']:.1f} s after" if again else "")
             print(f"nbdist: worker rank {event['rank']} (engine {event['engine']}, host {event['host']}) died "
-                  f"{event['after_s']:.1f} s into run {run.id}; the run finished with the other workers.")
+                  f"{event['after_s']:.1f} s into run {run.id}{how}; the run finished with the other workers.")
         for note in run.notes:
             print(note)
         if run.virtual_step:

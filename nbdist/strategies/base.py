@@ -213,6 +213,11 @@ class Strategy:
         """What the controller side measured since the last call (the PS's push log), for the dashboard."""
         return {}
 
+    def continues_without(self, run, cluster, dead: int, survivors: list[int]) -> bool:
+        """Engine `dead` of the run died: whether the run goes on with `survivors` (the strategy arranges
+        that). By default: a strategy that survives a worker's loss does, while any worker is left."""
+        return self.survives_worker_loss and bool(survivors)
+
     def check(self, run) -> None:
         """Called while the run waits: raise an `NbdistError` when a service the run needs has failed."""
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 
-from ..errors import ClusterError
+from ..errors import ClusterError, EngineDied
 from ..fused_steps import fused_steps
 from ..hetero import Slowdown, parse_clock, parse_simulate
 from ..keras_bridge import apply_gradients_restored, build_for_training
@@ -23,6 +24,7 @@ from .. import balance
 from . import horovod_ops as ops
 from .base import Option, Reports, Strategy, Worker
 from .control_step import stop_when_stopped
+from .hfdt_elastic import GLOO_TIMEOUT_S, LEFT_KEY, REFORM_WAIT_S, elastic
 from .options import SIMULATE
 
 COMPRESSION = Option("--compression", "gradient compression on the allreduce: none or fp16", default="none",
@@ -32,6 +34,11 @@ SCALE_LR = Option("--scale-lr", "multiply the learning rate by the number of wor
 BALANCE = Option("--balance", "none (every rank the cell's batch) or auto: profile every rank and give it a "
                  "batch and a share of the data in proportion to its speed, so a slow GPU does not set everyone's "
                  "pace", default="none", choices=("none", "auto"))
+ON_FAILURE = Option("--on-failure", "what a dead engine does to the run: continue (the survivors re-form the Horovod "
+                    "job and train on, down to --min-workers; the default) or fail (the run stops with an error "
+                    "naming the engine)", default="continue", choices=("continue", "fail"))
+MIN_WORKERS = Option("--min-workers", "the fewest ranks a run continues with after engines die (default 1); one "
+                     "death more and the run fails", type=int, default=1, metavar="W", minimum=1)
 WARMUP_EPOCHS = Option("--warmup-epochs", "ramp the scaled learning rate up over this many epochs (default 0: "
                        "scaled from the first step)", type=float, default=0.0, metavar="E", minimum=0)
 
@@ -79,19 +86,29 @@ class HfdtWorker(Worker):
                     reporter.clock = lambda: start + reporter.steps * step_s
                 per_step = ops.ring_allreduce_bytes(self.size, _gradient_bytes(model))
                 reporter.extra = lambda: {"bytes_sent": reporter.steps * per_step}
-                callbacks = [ops.epoch_log_averager(hvd, weight), *self._lr_callbacks(optimizer),
-                             *self._simulation(per_step), *user, *restored, stop_when_stopped(control), reporter]
+                scaling = self._lr_callbacks(optimizer)
+                averager = ops.epoch_log_averager(hvd, weight)
+                survive = [elastic(hvd, model, control, self._join, lambda size: [s.rescale(size) for s in scaling],
+                                   _left)] if self.config.get("elastic") else []
+                for keeper in survive:
+                    keeper.guard(averager, "on_epoch_end")
+                callbacks = [averager, *scaling, *survive, *self._simulation(per_step), *user, *restored,
+                             stop_when_stopped(control), reporter]
                 # every rank must decide alike: Horovod matches the allreduce by its op's name, which the
                 # loop of fused steps changes; so the cell's callbacks count on every rank, as does --simulate
                 deciding = [*callbacks, *(request.callbacks or [])]
                 with fused_steps(model, deciding, data.get("steps_per_epoch"), request.args.get("validation_steps"),
                                  allowed=not self._simulated_anywhere()):
-                    return request.run_plain(callbacks=callbacks, verbose=0, **data)
+                    history = request.run_plain(callbacks=callbacks, verbose=0, **data)
+                if survive:
+                    self.fit_timings["recoveries"] = survive[0].recoveries
+                return history
         finally:
             control.close()
             hvd.shutdown()
 
-    def _init_horovod(self):
+    def _init_horovod(self, slot: dict | None = None, port: int | None = None):
+        """Join the run's Horovod job (or, elastic, the re-formed one at `port` in `slot`)."""
         try:
             import horovod.tensorflow as hvd
         except ImportError as exc:
@@ -100,14 +117,14 @@ class HfdtWorker(Worker):
                                "the wheel).") from None
         if hvd.is_initialized():
             hvd.shutdown()
-        slot = self.slot
+        slot, port = slot or self.slot, port or self.config["port"]
         require_resolvable(slot["hostname"])
         os.environ.update({
             "HOROVOD_GLOO_RENDEZVOUS_ADDR": self.config["address"],
-            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self.config["port"]),
+            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
             "HOROVOD_CONTROLLER": "gloo",
             "HOROVOD_CPU_OPERATIONS": "gloo",
-            "HOROVOD_GLOO_IFACE": interface_towards(self.config["address"], self.config["port"]),
+            "HOROVOD_GLOO_IFACE": interface_towards(self.config["address"], port),
             "HOROVOD_HOSTNAME": slot["hostname"],
             "HOROVOD_RANK": str(slot["rank"]), "HOROVOD_SIZE": str(slot["size"]),
             "HOROVOD_LOCAL_RANK": str(slot["local_rank"]), "HOROVOD_LOCAL_SIZE": str(slot["local_size"]),
@@ -116,10 +133,19 @@ class HfdtWorker(Worker):
         # A rank that waits this long for its peers is stuck, not slow: fail rather than hang.
         os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", "30")
         os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "60")
+        if self.config.get("elastic"):  # a dead peer is noticed in seconds, so the survivors re-form soon
+            os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(GLOO_TIMEOUT_S))
         hvd.init()
-        if (hvd.rank(), hvd.size()) != (self.rank, self.size):
-            raise ClusterError(f"Horovod gave rank {hvd.rank()}/{hvd.size()}, expected {self.rank}/{self.size}")
+        if (hvd.rank(), hvd.size()) != (slot["rank"], slot["size"]):
+            raise ClusterError(f"Horovod gave rank {hvd.rank()}/{hvd.size()}, expected {slot['rank']}/{slot['size']}")
         return hvd
+
+    def _join(self, reform: dict) -> None:
+        """Leave the broken job for the one the kernel re-formed over the survivors."""
+        slot = reform["slots"].get(str(self.rank))
+        if slot is None:
+            raise ClusterError(f"rank {self.rank} was left out of the Horovod job re-formed over the survivors")
+        self._init_horovod(slot, reform["port"])
 
     def _simulated_anywhere(self) -> bool:
         """Whether some rank's steps sleep for `--simulate` (each step then needs its own call)."""
@@ -197,6 +223,13 @@ class HfdtWorker(Worker):
         return [ops.lr_scaler(optimizer, self.size, float(self.values["warmup_epochs"] or 0))]
 
 
+def _left(generation: int) -> None:
+    """Tell the kernel (through the task's published data) this rank waits for job `generation`."""
+    from ipyparallel.datapub import publish_data
+
+    publish_data({LEFT_KEY: generation})
+
+
 def _gradient_bytes(model) -> int:
     import numpy as np
 
@@ -216,36 +249,99 @@ def require_resolvable(hostname: str) -> None:
 
 
 class HfdtStrategy(Strategy):
-    """Synchronous data parallel training over Horovod's ring-allreduce (Gloo), one rank per engine."""
+    """Synchronous data parallel training over Horovod's ring-allreduce (Gloo), one rank per engine.
+
+    Elastic by default: when an engine dies, the survivors re-form the job (`hfdt_elastic`) over a new
+    rendezvous this side opens once every survivor has left the broken one."""
 
     name = "hfdt"
     summary = "synchronous data parallel, Horovod ring-allreduce over Gloo"
-    reads = (COMPRESSION, SCALE_LR, WARMUP_EPOCHS, BALANCE, SIMULATE)
+    reads = (COMPRESSION, SCALE_LR, WARMUP_EPOCHS, BALANCE, ON_FAILURE, MIN_WORKERS, SIMULATE)
     reports = Reports(panels=("loss", "throughput"), controls=("pause", "resume", "stop"))
     worker_class = HfdtWorker
 
     def __init__(self, values):
         super().__init__(values)
         self.rendezvous: Rendezvous | None = None
+        self.address: str | None = None
+        self.generation = 0
+        self.reforming: dict | None = None  # the job announced once every survivor has left the broken one
 
     def array_shards(self) -> bool:
         return self.value("balance") != "auto"
+
+    @property
+    def elastic(self) -> bool:
+        """Whether survivors re-form the job (--balance auto sized every rank's batch for the first job)."""
+        return self.value("on_failure") == "continue" and self.value("balance") != "auto"
 
     def prepare(self, run, cluster) -> dict:
         require_horovod()
         order, slots = host_plan([cluster.info(eid).host for eid in run.workers])
         run.workers[:] = [run.workers[i] for i in order]  # rank order
-        address = address_towards_cluster(cluster.client, all(cluster.shares_network(e) for e in run.workers))
-        self.rendezvous = Rendezvous(address)
+        self.address = address_towards_cluster(cluster.client, all(cluster.shares_network(e) for e in run.workers))
+        self.rendezvous = Rendezvous(self.address)
         port = self.rendezvous.start(slots)
         profiles = parse_simulate(self.value("simulate"), len(run.workers))
         clock, step = parse_clock(self.value("simulate"))
-        return {"address": address, "port": port, "simulate": [p.to_json() for p in profiles],
+        return {"address": self.address, "port": port, "simulate": [p.to_json() for p in profiles],
                 "virtual": {"step": step.to_json() if step else None} if clock == "virtual" else None,
-                "slots": [{k: getattr(s, k) for k in ("hostname", "rank", "local_rank", "cross_rank", "size",
-                                                      "local_size", "cross_size")} for s in slots]}
+                "slots": [_slot(s) for s in slots], "elastic": self.elastic}
+
+    def continues_without(self, run, cluster, dead: int, survivors: list[int]) -> bool:
+        """Re-form the job over the survivors, when elastic and at least --min-workers are left."""
+        if not self.elastic or len(survivors) < self.value("min_workers") or self.bus is None:
+            return False
+        order, slots = host_plan([cluster.info(eid).host for eid in survivors])
+        self.rendezvous.stop()
+        self.rendezvous = Rendezvous(self.address)
+        port = self.rendezvous.start(slots)
+        self.generation += 1
+        ranks = {str(run.workers.index(survivors[order[r]])): _slot(slot) for r, slot in enumerate(slots)}
+        self.reforming = {"job": {"generation": self.generation, "port": port, "slots": ranks},
+                          "survivors": survivors, "since": time.time()}
+        return True
+
+    def check(self, run) -> None:
+        """Announce the re-formed job once every survivor has left the broken one (bounded)."""
+        pending = self.reforming
+        if pending is None:
+            return
+        waiting = [e for e in pending["survivors"]
+                   if (run.progress.get(e) or {}).get(LEFT_KEY, 0) < pending["job"]["generation"]]
+        if not waiting:
+            self.bus.send("reform", pending["job"])
+            self.reforming = None
+        elif time.time() - pending["since"] > REFORM_WAIT_S:
+            raise EngineDied(f"engine(s) {waiting} did not leave the broken Horovod job within {REFORM_WAIT_S} s "
+                             "of a rank's death (stuck in the cell's own code?); the run was stopped.")
 
     def finish(self, run) -> None:
         if self.rendezvous is not None:
             self.rendezvous.stop()
             self.rendezvous = None
+        run.events += recovered_events(run)
+
+
+SLOT_FIELDS = ("hostname", "rank", "local_rank", "cross_rank", "size", "local_size", "cross_size")
+
+
+def _slot(slot) -> dict:
+    return {k: getattr(slot, k) for k in SLOT_FIELDS}
+
+
+def recovered_events(run) -> list[dict]:
+    """One `recovered` event per re-formed job, from the new rank 0's account of it: the step it resumed
+    at, the new size, and the seconds from the kernel seeing the engine die to the next completed step."""
+    deaths = run.events_of("worker_died")
+    events = []
+    for fit in (fit for results in run.results.values() for fit in results or ()):
+        for entry in (fit.timings or {}).get("recoveries") or []:
+            if entry["rank"] != 0 or entry["generation"] > len(deaths):
+                continue
+            death = deaths[entry["generation"] - 1]
+            events.append({"t": entry.get("resumed_at") or entry["joined_at"], "event": "recovered",
+                           "engine": death["engine"], "rank": death["rank"], "size": entry["size"],
+                           "step": entry["calls"] * entry["steps_per_call"],
+                           "recovery_s": round((entry.get("resumed_at") or entry["joined_at"]) - death["t"], 2)})
+    return sorted(events, key=lambda e: e["t"])

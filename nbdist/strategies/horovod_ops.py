@@ -94,11 +94,20 @@ def lr_scaler(optimizer, factor: int, warmup_epochs: float):
             self.epoch = 0
             if self.schedule is not None:  # the schedule itself is scaled, its warm-up counted in steps
                 steps = (self.params or {}).get("steps") or 1
-                optimizer.learning_rate = scaled(self.schedule, factor, int(round(warmup_epochs * steps)),
-                                                 int(optimizer.iterations.numpy()))
+                self.warmup = int(round(warmup_epochs * steps)), int(optimizer.iterations.numpy())
+                optimizer.learning_rate = scaled(self.schedule, factor, *self.warmup)
             else:
                 self.base = float(optimizer.learning_rate)
                 self._set(0, 0)
+
+        def rescale(self, workers: int) -> None:
+            """The job now has `workers` ranks (an elastic hfdt run lost some): scale by that from here on."""
+            nonlocal factor
+            factor = workers
+            if self.schedule is not None:
+                optimizer.learning_rate = scaled(self.schedule, factor, *self.warmup)
+            else:
+                self._set(self.epoch, 0)
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
