@@ -24,7 +24,7 @@ from .. import balance
 from . import horovod_ops as ops
 from .base import Option, Reports, Strategy, Worker
 from .control_step import stop_when_stopped
-from .hfdt_elastic import GLOO_TIMEOUT_S, LEFT_KEY, REFORM_WAIT_S, elastic
+from .hfdt_elastic import GLOO_TIMEOUT_S, LEFT_KEY, REFORM_WAIT_S, Survivor, elastic
 from .options import SIMULATE
 
 COMPRESSION = Option("--compression", "gradient compression on the allreduce: none or fp16", default="none",
@@ -88,20 +88,20 @@ class HfdtWorker(Worker):
                 reporter.extra = lambda: {"bytes_sent": reporter.steps * per_step}
                 scaling = self._lr_callbacks(optimizer)
                 averager = ops.epoch_log_averager(hvd, weight)
-                survive = [elastic(hvd, model, control, self._join, lambda size: [s.rescale(size) for s in scaling],
-                                   _left)] if self.config.get("elastic") else []
-                for keeper in survive:
-                    keeper.guard(averager, "on_epoch_end")
-                callbacks = [averager, *scaling, *survive, *self._simulation(per_step), *user, *restored,
-                             stop_when_stopped(control), reporter]
+                survivor = Survivor(hvd, model, control, self._join, lambda size: [s.rescale(size) for s in scaling],
+                                    _left) if self.config.get("elastic") else None
+                if survivor is not None:
+                    survivor.guard(averager, "on_epoch_end")
+                callbacks = [averager, *scaling, *([elastic(survivor)] if survivor else []),
+                             *self._simulation(per_step), *user, *restored, stop_when_stopped(control), reporter]
                 # every rank must decide alike: Horovod matches the allreduce by its op's name, which the
                 # loop of fused steps changes; so the cell's callbacks count on every rank, as does --simulate
                 deciding = [*callbacks, *(request.callbacks or [])]
                 with fused_steps(model, deciding, data.get("steps_per_epoch"), request.args.get("validation_steps"),
                                  allowed=not self._simulated_anywhere()):
                     history = request.run_plain(callbacks=callbacks, verbose=0, **data)
-                if survive:
-                    self.fit_timings["recoveries"] = survive[0].recoveries
+                if survivor is not None:
+                    self.fit_timings["recoveries"] = survivor.recoveries
                 return history
         finally:
             control.close()
@@ -342,6 +342,6 @@ def recovered_events(run) -> list[dict]:
             death = deaths[entry["generation"] - 1]
             events.append({"t": entry.get("resumed_at") or entry["joined_at"], "event": "recovered",
                            "engine": death["engine"], "rank": death["rank"], "size": entry["size"],
-                           "step": entry["calls"] * entry["steps_per_call"],
+                           "step": entry["step"],
                            "recovery_s": round((entry.get("resumed_at") or entry["joined_at"]) - death["t"], 2)})
     return sorted(events, key=lambda e: e["t"])

@@ -3,11 +3,13 @@
 A rank that dies makes the next collective fail on the others (at once for its ring neighbours, after
 Gloo's timeout for the rest), so each survivor's train step raises. `elastic` catches that around
 Keras' compiled train function, waits for the job the kernel re-formed over the survivors (a new
-rendezvous, announced on the control bus), joins it, aligns the steps made (a rank may have finished
-the step that failed on another), takes the new rank 0's weights and optimizer state, scales the
-learning rate for the new size and carries on in the same `fit`: History, callbacks and the progress
-line see one run. The batch a failed step had drawn is not trained on, and the dead rank's share of
-the data is not dealt out again: each survivor keeps its own shard.
+rendezvous, announced on the control bus), joins it, takes the new rank 0's weights and optimizer
+state, scales the learning rate for the new size and carries on in the same `fit`: History,
+callbacks and the progress line see one run. The survivors count the units of collectives they
+completed (train calls, epoch-end averagings); one may have completed the unit that failed on
+another, and the one behind then skips it instead of running it again, so every rank's next
+collective is the same. The batches a failed call had drawn are not trained on, and the dead
+rank's share of the data is not dealt out again: each survivor keeps its own shard.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 
 GLOO_TIMEOUT_S = 5  # how long a survivor waits on a dead peer before its collective fails (Gloo's default: 30)
 REFORM_WAIT_S = 60  # how long a survivor waits for the kernel's new job before failing as before
+COLLECTIVE_MARKS = ("Horovod", "/gloo/", "nbdist_gradients")  # in the error of a step whose collective broke
 LEFT_KEY = "nbdist_left"  # in a worker's published data: the job generation it waits for
 
 
@@ -23,12 +26,13 @@ def is_collective_failure(exc: BaseException) -> bool:
     """Whether a train step failed because the Horovod job broke (not the cell's own error)."""
     import tensorflow as tf
 
+    text = str(exc)  # Horovod's "has been shut down", or Gloo's own ("Read error ... Connection reset by peer")
     return (isinstance(exc, tf.errors.OpError) and not isinstance(exc, tf.errors.OutOfRangeError)
-            and "Horovod" in str(exc))
+            and any(mark in text for mark in COLLECTIVE_MARKS))
 
 
-def elastic(hvd, model, control, join, resized, left):
-    """The callback that keeps a fit going across re-formed jobs.
+class Survivor:
+    """A rank's side of surviving a dead peer: guards the units of collectives, re-forms, resumes.
 
     Args:
         control: the run's `ControlPoint` (the kernel announces each new job there).
@@ -38,78 +42,87 @@ def elastic(hvd, model, control, join, resized, left):
             `generation`: the kernel announces it once every survivor has, so that no survivor waits
             in the new job's rendezvous for one still stuck in the old (Gloo's timeout counts there too).
     """
-    import keras
 
-    from .horovod_ops import broadcast_from_rank0
+    def __init__(self, hvd, model, control, join, resized, left):
+        self.hvd, self.model, self.control = hvd, model, control
+        self.join, self.resized, self.left = join, resized, left
+        self.done = 0  # collective units completed (train calls, epoch-end averagings): equal on every rank
+        self.logs = {}  # the last train call's logs
+        self.generation = 0
+        self.recoveries: list[dict] = []  # what each re-forming cost, for the run's events
+        self._train = self._guarded = None
+
+    def install(self) -> None:
+        """Guard Keras' compiled train function (once `fit` has made it)."""
+        self._train = self.model.train_function
+
+        def train(iterator):
+            self.logs = self._survive(lambda: self._train(iterator), skipped=lambda: self.logs)
+            return self.logs
+
+        self._guarded = self.model.train_function = train
+
+    def guard(self, callback, method: str) -> None:
+        """A callback's hook that runs collectives (the epoch-end averaging) survives a dead rank too."""
+        original = getattr(callback, method)
+        setattr(callback, method, lambda *args, **kwargs: self._survive(lambda: original(*args, **kwargs)))
+
+    def _survive(self, unit, skipped=lambda: None):
+        """Run one unit of collectives; after a dead rank, re-form and run it again, unless another
+        survivor had completed it (the ranks are then one unit apart: this one skips it)."""
+        while True:
+            try:
+                result = unit()
+            except Exception as exc:
+                if not is_collective_failure(exc):
+                    raise
+                if self._recover(exc):
+                    continue
+                return skipped()
+            self.done += 1
+            if self.recoveries and "resumed_at" not in self.recoveries[-1]:
+                self.recoveries[-1]["resumed_at"] = time.time()
+            return result
+
+    def _recover(self, exc: BaseException) -> bool:
+        """Join the re-formed job; whether the unit that failed here is to run again."""
+        from .horovod_ops import broadcast_from_rank0
+
+        hvd, model = self.hvd, self.model
+        failed_at = time.time()
+        self.left(self.generation + 1)
+        reform = self._await(exc)
+        self.join(reform)
+        self.generation = reform["generation"]
+        done = max(hvd.allgather_object(self.done, name=f"nbdist_elastic_done_{self.generation}"))
+        broadcast_from_rank0(hvd, list(model.variables) + list(model.optimizer.variables))
+        self.resized(hvd.size())
+        self.recoveries.append({"generation": self.generation, "size": hvd.size(), "rank": hvd.rank(),
+                                "step": int(model.optimizer.iterations.numpy()), "failed_at": failed_at,
+                                "joined_at": time.time()})
+        model.make_train_function(force=True)  # traced anew: Horovod's ops now run in the new job
+        self._train, model.train_function = model.train_function, self._guarded
+        again, self.done = self.done == done, done
+        return again
+
+    def _await(self, exc: BaseException) -> dict:
+        deadline = time.time() + REFORM_WAIT_S
+        while time.time() < deadline and not self.control.state["stop"]:
+            reform = self.control.reform()
+            if reform and reform["generation"] > self.generation:
+                return reform
+            time.sleep(0.05)  # polling the control bus, bounded by the deadline
+        raise exc
+
+
+def elastic(survivor: Survivor):
+    """The Keras callback that puts `survivor`'s guard on the fit's train function."""
+    import keras
 
     class Elastic(keras.callbacks.Callback):
         fused_steps_safe = True  # it counts calls of the train function, whatever a call's steps
 
-        def __init__(self):
-            super().__init__()
-            self.calls = 0  # completed calls of the train function: the same on every rank after a join
-            self.generation = 0
-            self.recoveries: list[dict] = []  # what each re-forming cost, for the run's events
-
         def on_train_begin(self, logs=None):
-            self._inner = model.train_function
-
-            def guarded(iterator):
-                while True:
-                    try:
-                        logs = self._inner(iterator)
-                    except Exception as exc:
-                        if not is_collective_failure(exc):
-                            raise
-                        self._recover(exc, iterator)
-                        continue
-                    self.calls += 1
-                    if self.recoveries and "resumed_at" not in self.recoveries[-1]:
-                        self.recoveries[-1]["resumed_at"] = time.time()
-                    return logs
-
-            self._guarded = model.train_function = guarded
-
-        def guard(self, callback, method: str) -> None:
-            """A callback's hook that runs collectives (the epoch-end averaging) survives a dead rank too."""
-            original = getattr(callback, method)
-
-            def guarded(*args, **kwargs):
-                while True:
-                    try:
-                        return original(*args, **kwargs)
-                    except Exception as exc:
-                        if not is_collective_failure(exc):
-                            raise
-                        self._recover(exc, None)
-
-            setattr(callback, method, guarded)
-
-        def _recover(self, exc: BaseException, iterator) -> None:
-            failed_at = time.time()
-            left(self.generation + 1)
-            reform = self._await(exc)
-            join(reform)
-            self.generation = reform["generation"]
-            done = hvd.allgather_object(self.calls, name=f"nbdist_elastic_calls_{self.generation}")
-            broadcast_from_rank0(hvd, list(model.variables) + list(model.optimizer.variables))
-            resized(hvd.size())
-            self.recoveries.append({"generation": self.generation, "size": hvd.size(), "rank": hvd.rank(),
-                                    "calls": max(done), "steps_per_call": int(model.steps_per_execution or 1),
-                                    "failed_at": failed_at, "joined_at": time.time()})
-            model.make_train_function(force=True)  # traced anew: Horovod's ops now run in the new job
-            self._inner, model.train_function = model.train_function, self._guarded
-            behind, self.calls = max(done) - self.calls, max(done)
-            for _ in range(behind * int(model.steps_per_execution or 1) if iterator is not None else 0):
-                next(iterator)  # the steps a rank ahead completed: drawn here too, so every rank stays aligned
-
-        def _await(self, exc: BaseException) -> dict:
-            deadline = time.time() + REFORM_WAIT_S
-            while time.time() < deadline and not control.state["stop"]:
-                reform = control.reform()
-                if reform and reform["generation"] > self.generation:
-                    return reform
-                time.sleep(0.05)  # polling the control bus, bounded by the deadline
-            raise exc
+            survivor.install()
 
     return Elastic()
