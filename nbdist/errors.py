@@ -48,5 +48,9 @@ class EngineDied(EngineFailure):
     """An engine process died (or stopped answering) during a run."""
 
 
+class CollectiveStalled(EngineFailure):
+    """A synchronous step waited past --stall-timeout for ranks that never submitted their tensors."""
+
+
 class ParameterServerFailed(NbdistError):
     """A parameter-server shard died or stopped answering; the last checkpoint's weights are kept."""

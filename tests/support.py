@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -41,6 +42,16 @@ def idle_engines(cluster, count: int) -> list[int]:
         ipp_cluster.start_engines_sync(n=missing)
         client.wait_for_engines(len(client.ids) + missing, timeout=120, block=True)
     return idle_ids(client)[:count]
+
+
+def new_engine(cluster) -> tuple[int, int]:
+    """One engine started now on the shared cluster (a test may kill it): its id and process id."""
+    ipp_cluster, client = cluster
+    before = set(client.ids)
+    ipp_cluster.start_engines_sync(n=1)
+    client.wait_for_engines(len(before) + 1, timeout=90, block=True)
+    eid = (set(client.ids) - before).pop()
+    return eid, client[eid].apply_sync(os.getpid)
 
 
 def busy_ids(client) -> dict[int, dict]:

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from tests.conftest import TRAIN
+from tests.support import new_engine
 
 pytestmark = pytest.mark.cluster
 
@@ -94,12 +95,7 @@ def test_kernel_interrupt_stops_every_engine_and_cluster_serves_next_cell(kernel
 
 
 def test_engine_killed_during_run_fails_naming_it(kernel, cluster):
-    ipp_cluster, client = cluster
-    before = set(client.ids)
-    ipp_cluster.start_engines_sync(n=1)
-    client.wait_for_engines(len(before) + 1, timeout=60, block=True)
-    victim = (set(client.ids) - before).pop()
-    pid = client[victim].apply_sync(os.getpid)
+    victim, pid = new_engine(cluster)
 
     msg_id = kernel.submit(f"%%distribute --targets {victim}\n" + LONG_TRAIN)
     kernel.collect(msg_id, timeout=120, until_output="step")

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tests.conftest import TRAIN
+from tests.support import new_engine
 
 pytestmark = pytest.mark.cluster
 
@@ -83,12 +84,7 @@ def test_engine_killed_mid_run_fails_fast_and_next_hfdt_cell_works(kernel, clust
 
 
 def test_a_rank_killed_mid_run_leaves_the_survivors_training_to_the_end_with_equal_weights(kernel, cluster):
-    ipp_cluster, client = cluster
-    before = set(client.ids)
-    ipp_cluster.start_engines_sync(n=1)
-    client.wait_for_engines(len(before) + 1, timeout=90, block=True)
-    victim = (set(client.ids) - before).pop()
-    pid = client[victim].apply_sync(os.getpid)
+    victim, pid = new_engine(cluster)
     line = f"%%distribute --strategy hfdt --seed 3 --targets 0,1,{victim}\n"
     cell = TRAIN.format(epochs=EPOCHS).replace("batch_size=64", "batch_size=32")
     kernel.run(line + cell, timeout=300).check()
@@ -113,19 +109,55 @@ def test_a_rank_killed_mid_run_leaves_the_survivors_training_to_the_end_with_equ
 
 
 def test_an_engine_death_below_min_workers_fails_the_run_naming_it(kernel, cluster):
-    ipp_cluster, client = cluster
-    before = set(client.ids)
-    ipp_cluster.start_engines_sync(n=1)
-    client.wait_for_engines(len(before) + 1, timeout=90, block=True)
-    victim = (set(client.ids) - before).pop()
-    pid = client[victim].apply_sync(os.getpid)
+    victim, pid = new_engine(cluster)
     msg_id = kernel.submit(f"%%distribute --strategy hfdt --min-workers 2 --targets 0,{victim}\n"
                            + TRAIN.format(epochs=200))
     kernel.collect(msg_id, timeout=180, until_output="step")
     os.kill(pid, signal.SIGKILL)
     reply = kernel.collect(msg_id, timeout=90)
     assert reply.ename == "EngineDied" and f"engine {victim} (host " in reply.evalue, reply.error_text
+    assert "--min-workers 2" in reply.evalue and "nbdist.last_run.weights" in reply.evalue
+    # the survivor ended its fit at the last completed step and sent those weights back
+    assert kernel.value("[w.shape for w in nbdist.last_run.weights] == [w.shape for w in build().get_weights()]")
     kernel.run("%%distribute --strategy hfdt --targets 0,1\n" + TRAIN.format(epochs=1), timeout=180).check()
+
+
+STUCK_RANK_1 = '''
+import os, time
+class StuckOnRank1(keras.callbacks.Callback):
+    """Rank 1 hangs in the cell's own code at the third step of its second epoch; rank 0 waits in the
+    allreduce. (The first epoch's end is a progress record the stall message can quote.)"""
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+    def on_train_batch_end(self, batch, logs=None):
+        if self.epoch == 1 and batch == 2 and os.environ.get("HOROVOD_RANK") == "1":
+            time.sleep(600)
+model = build()
+model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+history = model.fit(x, y, batch_size=64, epochs=2, callbacks=[StuckOnRank1()])
+'''
+
+
+def test_a_stalled_step_names_the_rank_it_waits_for_and_the_cluster_serves_the_next_cell(kernel):
+    started = time.time()
+    reply = kernel.run("%%distribute --strategy hfdt --stall-timeout 3 --targets 0,1\n" + STUCK_RANK_1, timeout=120)
+    assert reply.ename == "CollectiveStalled", reply.error_text
+    assert "rank 1 (engine 1, host " in reply.evalue and "its last progress: epoch " in reply.evalue
+    assert "rank 0" not in reply.evalue  # it was the one waiting
+    assert time.time() - started < 90  # named in seconds, not a silent wait
+    kernel.run("%%distribute --strategy hfdt --targets 0,1\n" + TRAIN.format(epochs=1), timeout=180).check()
+
+
+def test_an_interrupt_while_the_survivors_re_form_stops_every_engine(kernel, cluster):
+    victim, pid = new_engine(cluster)
+    msg_id = kernel.submit(f"%%distribute --strategy hfdt --targets 0,1,{victim}\n" + TRAIN.format(epochs=200))
+    kernel.collect(msg_id, timeout=180, until_output="step")
+    os.kill(pid, signal.SIGKILL)  # the survivors now leave the broken job and wait for the new one
+    kernel.km.interrupt_kernel()
+    reply = kernel.collect(msg_id, timeout=90)
+    assert reply.ename == "RunInterrupted", reply.error_text
+    kernel.run("%%distribute --strategy hfdt --targets 0,1\n" + TRAIN.format(epochs=1), timeout=180).check()
+    assert kernel.value(WEIGHTS_OF_RANKS) <= 1e-6
 
 
 def test_balance_auto_sizes_batches_by_speed_and_the_slow_rank_no_longer_sets_the_pace(kernel):

@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from ..errors import ClusterError, EngineDied
+from ..errors import ClusterError, CollectiveStalled, EngineDied
 from ..fused_steps import fused_steps
 from ..hetero import Slowdown, parse_clock, parse_simulate
 from ..keras_bridge import apply_gradients_restored, build_for_training
@@ -25,6 +25,7 @@ from . import horovod_ops as ops
 from .base import Option, Reports, Strategy, Worker
 from .control_step import stop_when_stopped
 from .hfdt_elastic import GLOO_TIMEOUT_S, LEFT_KEY, REFORM_WAIT_S, Survivor, elastic
+from .stall_watch import StallWatch, stalled
 from .options import SIMULATE
 
 COMPRESSION = Option("--compression", "gradient compression on the allreduce: none or fp16", default="none",
@@ -37,8 +38,12 @@ BALANCE = Option("--balance", "none (every rank the cell's batch) or auto: profi
 ON_FAILURE = Option("--on-failure", "what a dead engine does to the run: continue (the survivors re-form the Horovod "
                     "job and train on, down to --min-workers; the default) or fail (the run stops with an error "
                     "naming the engine)", default="continue", choices=("continue", "fail"))
+STALL_TIMEOUT = Option("--stall-timeout", "seconds a step may wait for ranks that have not submitted their "
+                       "gradients before the run fails naming them (default 30)", type=float, default=30.0,
+                       metavar="S", minimum=1)
 MIN_WORKERS = Option("--min-workers", "the fewest ranks a run continues with after engines die (default 1); one "
-                     "death more and the run fails", type=int, default=1, metavar="W", minimum=1)
+                     "death more and the run fails, the weights of its last completed step in nbdist.last_run.weights",
+                     type=int, default=1, metavar="W", minimum=1)
 WARMUP_EPOCHS = Option("--warmup-epochs", "ramp the scaled learning rate up over this many epochs (default 0: "
                        "scaled from the first step)", type=float, default=0.0, metavar="E", minimum=0)
 
@@ -89,18 +94,18 @@ class HfdtWorker(Worker):
                 scaling = self._lr_callbacks(optimizer)
                 averager = ops.epoch_log_averager(hvd, weight)
                 survivor = Survivor(hvd, model, control, self._join, lambda size: [s.rescale(size) for s in scaling],
-                                    _left) if self.config.get("elastic") else None
-                if survivor is not None:
-                    survivor.guard(averager, "on_epoch_end")
-                callbacks = [averager, *scaling, *([elastic(survivor)] if survivor else []),
-                             *self._simulation(per_step), *user, *restored, stop_when_stopped(control), reporter]
+                                    _left, StallWatch(_publish, float(self.values.get("stall_timeout") or 30)),
+                                    recover=bool(self.config.get("elastic")))
+                survivor.guard(averager, "on_epoch_end")
+                callbacks = [averager, *scaling, elastic(survivor), *self._simulation(per_step), *user, *restored,
+                             stop_when_stopped(control), reporter]
                 # every rank must decide alike: Horovod matches the allreduce by its op's name, which the
                 # loop of fused steps changes; so the cell's callbacks count on every rank, as does --simulate
                 deciding = [*callbacks, *(request.callbacks or [])]
                 with fused_steps(model, deciding, data.get("steps_per_epoch"), request.args.get("validation_steps"),
                                  allowed=not self._simulated_anywhere()):
                     history = request.run_plain(callbacks=callbacks, verbose=0, **data)
-                if survivor is not None:
+                if survivor.recoveries:
                     self.fit_timings["recoveries"] = survivor.recoveries
                 return history
         finally:
@@ -223,11 +228,16 @@ class HfdtWorker(Worker):
         return [ops.lr_scaler(optimizer, self.size, float(self.values["warmup_epochs"] or 0))]
 
 
-def _left(generation: int) -> None:
-    """Tell the kernel (through the task's published data) this rank waits for job `generation`."""
+def _publish(data: dict) -> None:
+    """To the kernel, in the task's published data (merged into what the run's progress shows)."""
     from ipyparallel.datapub import publish_data
 
-    publish_data({LEFT_KEY: generation})
+    publish_data(data)
+
+
+def _left(generation: int) -> None:
+    """Tell the kernel this rank waits for job `generation`."""
+    _publish({LEFT_KEY: generation})
 
 
 def _gradient_bytes(model) -> int:
@@ -256,7 +266,7 @@ class HfdtStrategy(Strategy):
 
     name = "hfdt"
     summary = "synchronous data parallel, Horovod ring-allreduce over Gloo"
-    reads = (COMPRESSION, SCALE_LR, WARMUP_EPOCHS, BALANCE, ON_FAILURE, MIN_WORKERS, SIMULATE)
+    reads = (COMPRESSION, SCALE_LR, WARMUP_EPOCHS, BALANCE, ON_FAILURE, MIN_WORKERS, STALL_TIMEOUT, SIMULATE)
     reports = Reports(panels=("loss", "throughput"), controls=("pause", "resume", "stop"))
     worker_class = HfdtWorker
 
@@ -266,6 +276,8 @@ class HfdtStrategy(Strategy):
         self.address: str | None = None
         self.generation = 0
         self.reforming: dict | None = None  # the job announced once every survivor has left the broken one
+        self.ranks: list[int] = []  # the engines in rank order of the current job
+        self.abandoned: dict | None = None  # below --min-workers: the survivors end their fit, then the run fails
 
     def array_shards(self) -> bool:
         return self.value("balance") != "auto"
@@ -282,6 +294,7 @@ class HfdtStrategy(Strategy):
         self.address = address_towards_cluster(cluster.client, all(cluster.shares_network(e) for e in run.workers))
         self.rendezvous = Rendezvous(self.address)
         port = self.rendezvous.start(slots)
+        self.ranks = list(run.workers)
         profiles = parse_simulate(self.value("simulate"), len(run.workers))
         clock, step = parse_clock(self.value("simulate"))
         return {"address": self.address, "port": port, "simulate": [p.to_json() for p in profiles],
@@ -290,20 +303,36 @@ class HfdtStrategy(Strategy):
 
     def continues_without(self, run, cluster, dead: int, survivors: list[int]) -> bool:
         """Re-form the job over the survivors, when elastic and at least --min-workers are left."""
-        if not self.elastic or len(survivors) < self.value("min_workers") or self.bus is None:
+        if not self.elastic or not survivors or self.bus is None:
             return False
+        if len(survivors) < self.value("min_workers"):  # the survivors end their fit and send its weights
+            self.generation += 1
+            self.abandoned = {"survivors": survivors, "since": time.time(), "dead": cluster.info(dead).label()}
+            self.bus.send("reform", {"generation": self.generation, "abandon": True})
+            return True
         order, slots = host_plan([cluster.info(eid).host for eid in survivors])
         self.rendezvous.stop()
         self.rendezvous = Rendezvous(self.address)
         port = self.rendezvous.start(slots)
         self.generation += 1
-        ranks = {str(run.workers.index(survivors[order[r]])): _slot(slot) for r, slot in enumerate(slots)}
+        self.ranks = [survivors[order[r]] for r in range(len(slots))]
+        ranks = {str(run.workers.index(eid)): _slot(slot) for eid, slot in zip(self.ranks, slots)}
         self.reforming = {"job": {"generation": self.generation, "port": port, "slots": ranks},
                           "survivors": survivors, "since": time.time()}
         return True
 
     def check(self, run) -> None:
-        """Announce the re-formed job once every survivor has left the broken one (bounded)."""
+        """Name a stalled step's missing ranks; announce a re-formed job once every survivor has left the
+        broken one (bounded)."""
+        if self.abandoned is not None:
+            gone = self.abandoned
+            if all(e in run.results for e in gone["survivors"]) or time.time() - gone["since"] > REFORM_WAIT_S:
+                raise EngineDied(f"{gone['dead']} died during run {run.id}, leaving fewer ranks than --min-workers "
+                                 f"{self.value('min_workers')}; the run was stopped. nbdist.last_run.weights holds "
+                                 "the weights of its last completed step.")
+        stall = stalled(run, self.ranks, self.value("stall_timeout")) if self.reforming is None else None
+        if stall:
+            raise CollectiveStalled(stall)
         pending = self.reforming
         if pending is None:
             return

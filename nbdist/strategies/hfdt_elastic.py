@@ -32,7 +32,8 @@ def is_collective_failure(exc: BaseException) -> bool:
 
 
 class Survivor:
-    """A rank's side of surviving a dead peer: guards the units of collectives, re-forms, resumes.
+    """A rank's side of surviving a dead peer: guards the units of collectives, re-forms, resumes
+    (and marks each unit for the stall watch, elastic or not).
 
     Args:
         control: the run's `ControlPoint` (the kernel announces each new job there).
@@ -43,13 +44,15 @@ class Survivor:
             in the new job's rendezvous for one still stuck in the old (Gloo's timeout counts there too).
     """
 
-    def __init__(self, hvd, model, control, join, resized, left):
+    def __init__(self, hvd, model, control, join, resized, left, watch=None, recover: bool = True):
         self.hvd, self.model, self.control = hvd, model, control
         self.join, self.resized, self.left = join, resized, left
+        self.watch, self.recover = watch, recover  # a `StallWatch` marks each unit; recover: elastic
         self.done = 0  # collective units completed (train calls, epoch-end averagings): equal on every rank
         self.logs = {}  # the last train call's logs
         self.generation = 0
         self.recoveries: list[dict] = []  # what each re-forming cost, for the run's events
+        self.abandoned = False
         self._train = self._guarded = None
 
     def install(self) -> None:
@@ -71,14 +74,21 @@ class Survivor:
         """Run one unit of collectives; after a dead rank, re-form and run it again, unless another
         survivor had completed it (the ranks are then one unit apart: this one skips it)."""
         while True:
+            if self.abandoned:  # the job fell below --min-workers: no collective will complete again
+                return skipped()
+            if self.watch is not None:
+                self.watch.entering(self.done)
             try:
                 result = unit()
             except Exception as exc:
-                if not is_collective_failure(exc):
+                if not self.recover or not is_collective_failure(exc):
                     raise
                 if self._recover(exc):
                     continue
                 return skipped()
+            finally:
+                if self.watch is not None:
+                    self.watch.left()
             self.done += 1
             if self.recoveries and "resumed_at" not in self.recoveries[-1]:
                 self.recoveries[-1]["resumed_at"] = time.time()
@@ -92,6 +102,9 @@ class Survivor:
         failed_at = time.time()
         self.left(self.generation + 1)
         reform = self._await(exc)
+        if reform.get("abandon"):  # too few ranks left: the fit ends here, its weights go back to the kernel
+            self.abandoned = model.stop_training = True
+            return False
         self.join(reform)
         self.generation = reform["generation"]
         done = max(hvd.allgather_object(self.done, name=f"nbdist_elastic_done_{self.generation}"))
@@ -116,7 +129,7 @@ class Survivor:
 
 
 def elastic(survivor: Survivor):
-    """The Keras callback that puts `survivor`'s guard on the fit's train function."""
+    """The Keras callback that puts `survivor`'s guard on the fit's train function (and stops its watch)."""
     import keras
 
     class Elastic(keras.callbacks.Callback):
@@ -124,5 +137,9 @@ def elastic(survivor: Survivor):
 
         def on_train_begin(self, logs=None):
             survivor.install()
+
+        def on_train_end(self, logs=None):
+            if survivor.watch is not None:
+                survivor.watch.stop()
 
     return Elastic()
