@@ -329,7 +329,8 @@ class HfdtStrategy(Strategy):
             if all(e in run.results for e in gone["survivors"]) or time.time() - gone["since"] > REFORM_WAIT_S:
                 raise EngineDied(f"{gone['dead']} died during run {run.id}, leaving fewer ranks than --min-workers "
                                  f"{self.value('min_workers')}; the run was stopped. nbdist.last_run.weights holds "
-                                 "the weights of its last completed step.")
+                                 "the weights of its last completed step (model.set_weights(nbdist.last_run.weights) "
+                                 "keeps them); a lower --min-workers lets a run go on with fewer.")
         stall = stalled(run, self.ranks, self.value("stall_timeout")) if self.reforming is None else None
         if stall:
             raise CollectiveStalled(stall)
@@ -343,7 +344,8 @@ class HfdtStrategy(Strategy):
             self.reforming = None
         elif time.time() - pending["since"] > REFORM_WAIT_S:
             raise EngineDied(f"engine(s) {waiting} did not leave the broken Horovod job within {REFORM_WAIT_S} s "
-                             "of a rank's death (stuck in the cell's own code?); the run was stopped.")
+                             "of a rank's death (stuck in the cell's own code?); the run was stopped. See %dist "
+                             "status; --on-failure fail stops a run at the first death instead.")
 
     def finish(self, run) -> None:
         if self.rendezvous is not None:

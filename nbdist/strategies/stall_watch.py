@@ -54,7 +54,10 @@ def stalled(run, ranks: list[int], timeout_s: float) -> str | None:
     the timeout in a collective the others never reached; None while no rank waits, or all do."""
     waiting = {e: (run.progress.get(e) or {}).get(WAITING_KEY) for e in ranks}
     missing = [rank for rank, eid in enumerate(ranks) if not waiting[eid]]
-    if len(missing) in (0, len(ranks)):
+    # a rank that entered the collective up to `timeout_s` after the first waiter says so itself by
+    # 2 x timeout_s; one still silent then never arrived (not merely later than the others)
+    settled = [w for w in waiting.values() if w and time.time() - w["since"] > 2 * timeout_s + 2 * CHECK_S]
+    if not settled or len(missing) in (0, len(ranks)):
         return None
     parts = []
     for rank in missing:
@@ -65,4 +68,5 @@ def stalled(run, ranks: list[int], timeout_s: float) -> str | None:
         parts.append(f"rank {rank} (engine {eid}, host {(run.hosts.get(eid) or {}).get('host', '?')}; {last})")
     return (f"the synchronous step waited more than {timeout_s:g} s (--stall-timeout) for rank(s) that never "
             f"reached it: {'; '.join(parts)}. Such a rank is stuck in the cell's own code (a callback, a data "
-            "generator) or its engine hangs; the run was stopped.")
+            "generator) or its engine hangs; the run was stopped. Fix that code (or check the engine), or give a step "
+            "that is slow on purpose more time with --stall-timeout.")
