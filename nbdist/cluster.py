@@ -110,6 +110,24 @@ class ClusterHandle:
         where = {"connection_info": file, "profile": profile, "cluster_id": cluster_id}
         return cls(client, None, lifeline.Lifeline.start(release=where))
 
+    def add(self, n: int) -> list[int]:
+        """Start `n` more engines through the launcher of the cluster nbdist started; their ids."""
+        if self.cluster is None:
+            raise ClusterError("%dist add starts engines on a cluster nbdist started (%dist start). On a connected "
+                               "cluster start them where it runs (ipcluster engines, or ipengine --file "
+                               "ipcontroller-engine.json on another host): they register, and a running run "
+                               "takes them in by itself.")
+        self._require_client()
+        before = set(self.client.ids)
+        try:
+            self.cluster.start_engines_sync(n)
+            self.client.wait_for_engines(len(before) + n, timeout=ENGINE_START_TIMEOUT_S, block=True)
+        except Exception as exc:  # the launcher's or the wait's: say which engines came
+            came = sorted(set(self.client.ids) - before)
+            raise ClusterError(f"could not add {n} engine(s): {exc}; registered: {came or 'none'} "
+                               "(see %dist status)") from None
+        return sorted(set(self.client.ids) - before)
+
     def running(self, engines, busy: bool = True) -> None:
         """Note that this kernel's training runs (or stopped running) on these engines (see `Lifeline.running`)."""
         if self.lifeline is not None:

@@ -12,7 +12,7 @@ from . import gpus, report
 from .progress import TextProgress
 from .strategies import COMMON_OPTIONS, on_register, strategy_names, strategy_options
 
-DIST_ACTIONS = ("start", "connect", "stop", "status", "runs", "wait", "push")
+DIST_ACTIONS = ("start", "add", "connect", "stop", "status", "runs", "wait", "push")
 
 
 def distribute_parser():
@@ -54,7 +54,7 @@ class NbdistMagics(Magics):
     @magic_arguments.magic_arguments()
     @magic_arguments.argument("action", choices=DIST_ACTIONS, help="what to do: " + ", ".join(DIST_ACTIONS))
     @magic_arguments.argument("names", nargs="*", metavar="NAME", help="push: the names to send to every engine")
-    @magic_arguments.argument("-n", type=int, default=None, metavar="N", help="start: number of engines (default 2)")
+    @magic_arguments.argument("-n", type=int, default=None, metavar="N", help="start: number of engines (default 2); add: how many more")
     @magic_arguments.argument("--engines", default="local", metavar="LAUNCHER",
                               help="start: ipyparallel engine launcher: local, mpi, ssh, slurm, pbs, ...")
     @magic_arguments.argument("--profile", default=None, help="start/connect: ipyparallel profile")
@@ -75,6 +75,7 @@ class NbdistMagics(Magics):
             %dist start -n 4                 # 4 local engines through ipyparallel.Cluster
             %dist start -n 8 --engines mpi   # any ipyparallel launcher
             %dist start -n 2 --kernel-gpu    # the notebook's own TensorFlow may use the GPUs too
+            %dist add -n 2                   # 2 more engines; a running run takes them in
             %dist connect --profile mycluster
             %dist status                     # one row per engine
             %dist runs                       # the runs of this kernel
@@ -99,6 +100,14 @@ class NbdistMagics(Magics):
             if n < 1:
                 raise UsageError(f"%dist start -n takes a positive number of engines. Received: -n {n}")
             session.start(n, args.engines, args.profile)
+            _print_engines(session.cluster)
+        elif args.action == "add":
+            if not args.n or args.n < 1:
+                raise UsageError("%dist add -n K starts K more engines (K at least 1), like %dist add -n 1")
+            added = session.add(args.n)
+            print(f"nbdist: started engine(s) {added}" + "".join(
+                f"; run {r.id} takes them in as they register" for r in session.runs
+                if r.status == "running" and r.controller is not None and r.controller.takes_newcomers))
             _print_engines(session.cluster)
         elif args.action == "connect":
             if not (args.profile or args.cluster_id or args.file):
@@ -281,7 +290,7 @@ def _is_number(text: str) -> bool:
         return False
 
 
-_DIST_ARGS_BY_ACTION = {"start": {"n", "engines", "profile", "kernel_gpu"},
+_DIST_ARGS_BY_ACTION = {"start": {"n", "engines", "profile", "kernel_gpu"}, "add": {"n"},
                         "connect": {"profile", "cluster_id", "file", "kernel_gpu"},
                         "stop": {"stale"}}
 

@@ -14,6 +14,7 @@ from .cluster import ClusterHandle
 from .control_bus import ControlBus
 from .keras_bridge import FitResult
 from .netroute import address_towards_cluster
+from .newcomers import Newcomers
 from .telemetry import make_record
 
 POLL_S = 0.25
@@ -211,9 +212,11 @@ def push_record(run_id: int, row: dict) -> dict:
                        dropped=row["outcome"] == "dropped", rejected=str(row["outcome"]).startswith("rejected"))
 
 
-def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None, before_submit=None) -> Run:
+def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None, before_submit=None,
+            prepare_newcomer=None) -> Run:
     """Run the training cell on the run's workers and wait for it, bounded and interruptible.
-    `before_submit()` runs once the strategy has prepared (the workers in rank order), before the cell.
+    `before_submit()` runs once the strategy has prepared (the workers in rank order), before the cell;
+    `prepare_newcomer(eid, rank, size)` gives an engine that joins mid-run the same (`nbdist.newcomers`).
 
     Raises:
         EngineFailure: user code failed on an engine (names it, carries the traceback).
@@ -232,9 +235,15 @@ def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None, before
         config = strategy.prepare(run, cluster)
         if before_submit is not None:
             before_submit()
-        pending = _submit(run, cluster, config, bus.spec() if bus is not None else None)
+        control = bus.spec() if bus is not None else None
+        pending = {eid: _submit(run, cluster, eid, rank, len(run.workers), config, control)
+                   for rank, eid in enumerate(run.workers)}
         cluster.running(run.workers)
-        _wait(run, cluster, strategy, pending, on_progress)
+        joins = None
+        if prepare_newcomer is not None and strategy.takes_newcomers:
+            joins = Newcomers(run, cluster, strategy, config, prepare_newcomer, lambda eid, rank, own: _submit(
+                run, cluster, eid, rank, rank + 1, own, control))
+        _wait(run, cluster, strategy, pending, on_progress, joins)
         run.status = "done"
     except KeyboardInterrupt:
         run.status, run.error = "interrupted", f"interrupted; {_stop_workers(cluster, pending)}"
@@ -256,12 +265,12 @@ def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None, before
     return run
 
 
-def _submit(run: Run, cluster: ClusterHandle, config: dict, control: dict | None) -> dict:
-    base = {"run": run.id, "strategy": run.strategy, "options": run.controller.values, "size": len(run.workers),
+def _submit(run: Run, cluster: ClusterHandle, eid: int, rank: int, size: int, config: dict, control: dict | None):
+    """Start the training cell on engine `eid` as rank `rank` of `size`; its AsyncResult."""
+    spec = {"run": run.id, "strategy": run.strategy, "options": run.controller.values, "size": size, "rank": rank,
             "seed": run.options.get("seed"), "cell": run.cell, "cell_start": run.started_at, "config": config,
             "control": control}
-    return {eid: cluster.client[eid].apply_async(engine.run_training_cell, {**base, "rank": rank})
-            for rank, eid in enumerate(run.workers)}
+    return cluster.client[eid].apply_async(engine.run_training_cell, spec)
 
 
 class Background:
@@ -292,12 +301,17 @@ class Background:
             raise self.error
 
 
-def _wait(run: Run, cluster: ClusterHandle, strategy, pending: dict, on_progress) -> None:
+def _wait(run: Run, cluster: ClusterHandle, strategy, pending: dict, on_progress, joins=None) -> None:
+    """Until every worker's cell returned: progress, deaths, newcomers (`joins`, added to `pending`)."""
     waiting = dict(pending)
     collateral: tuple[errors.EngineFailure, float] | None = None  # a peer's consequence, raised if no cause comes
     while waiting:
         if run.stop_requested:
             raise KeyboardInterrupt
+        if joins is not None:
+            joined = joins.take_in()
+            pending.update(joined)
+            waiting.update(joined)
         if collateral is not None and time.time() > collateral[1]:
             raise collateral[0]
         next(iter(waiting.values())).wait(POLL_S)

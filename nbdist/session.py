@@ -59,6 +59,12 @@ class Session:
         self.changed("cluster")
         return self.cluster
 
+    def add(self, n: int) -> list[int]:
+        """`%dist add -n K`: K more engines on the cluster nbdist started; a running run may take them in."""
+        added = self.require_cluster().add(n)
+        self.changed("cluster")
+        return added
+
     def connect(self, **where) -> ClusterHandle:
         self.stop()
         self.cluster = ClusterHandle.connect(**where)
@@ -176,19 +182,30 @@ class Session:
             python = self._transformed[source] = self.shell.transform_cell(source)
         return python
 
-    def _bring(self, run: runs.Run, strategy, items: list[bring.Item]) -> None:
-        """Send the plan to the run's workers (in rank order, after the strategy has prepared)."""
+    def _bring(self, run: runs.Run, strategy, items: list[bring.Item], newcomer=None) -> None:
+        """Send the plan to the run's workers (in rank order, after the strategy has prepared), or to one
+        `newcomer` (engine, (rank, size)) joining the running run."""
         from .bring.names import fit_array_names
 
         if not items:
             return
         shard_names = fit_array_names(self._python(run.cell)) if strategy.array_shards() else set()
+        if newcomer is not None:
+            bring.send(items, self.require_cluster(), [newcomer[0]], shard_names, dict([newcomer]))
+            return
         brought = bring.send(items, self.require_cluster(), run.workers, shard_names)
         run.sent["brought"] = brought
         if brought["names"]:
             sharded = f"; {', '.join(brought['sharded'])} as one shard per worker" if brought["sharded"] else ""
             print(f"nbdist: brought {', '.join(brought['names'])} to the engines "
                   f"({brought['data_bytes'] / 1e6:.1f} MB of data{sharded})", flush=True)
+
+    def _prepare_newcomer(self, run: runs.Run, strategy, items: list[bring.Item], eid: int,
+                          position: tuple[int, int]) -> None:
+        """What the run's workers received before training, for engine `eid` joining it as (rank, size)."""
+        self.sync_definitions([eid])
+        self.sync_models(run.cell, [eid])
+        self._bring(run, strategy, items, newcomer=(eid, position))
 
     def push(self, names: list[str]) -> dict:
         """`%dist push NAME ...`: send these names (values, functions, modules) to every engine now."""
@@ -260,7 +277,9 @@ class Session:
         def train():
             try:
                 runs.execute(run, cluster, strategy, on_progress=tick,
-                             before_submit=lambda: self._bring(run, strategy, items))
+                             before_submit=lambda: self._bring(run, strategy, items),
+                             prepare_newcomer=lambda eid, rank, size: self._prepare_newcomer(
+                                 run, strategy, items, eid, (rank, size)))
             finally:
                 if progress is not None:
                     progress.close()
@@ -305,6 +324,13 @@ class Session:
         return run
 
     def _conclude(self, run: runs.Run) -> None:
+        for event in run.events_of("worker_joined"):
+            print(f"nbdist: engine {event['engine']} (host {event['host']}) joined run {run.id} as rank "
+                  f"{event['rank']} {event['after_s']:.1f} s in" + (f", training from epoch {event['first_epoch'] + 1}"
+                                                                      if event.get("first_epoch") is not None else ""))
+        for event in run.events_of("join_refused"):
+            print(f"nbdist: engine {event['engine']} registered during run {run.id} and was not taken in: "
+                  f"{event['reason']}.")
         recovered = {e["engine"]: e for e in run.events_of("recovered")}
         for event in run.events_of("worker_died"):
             again = recovered.get(event["engine"])

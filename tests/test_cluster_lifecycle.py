@@ -40,8 +40,14 @@ def test_start_status_stop(fresh_kernel):
     assert (engine_id, state, gpus) == ("0", "idle", "0")
     assert tf_version.startswith("2.21") and keras_version.startswith("3.") and hvd_version == "0.28.1"
     assert psutil.pid_exists(int(pid))
+    added = kernel.run("%dist add -n 1", timeout=180).check().stdout
+    assert "started engine(s) [1]" in added, added
+    rows = [line.split() for line in added.splitlines() if line[:1].isdigit()]
+    assert [(row[0], row[-1]) for row in rows] == [("0", "idle"), ("1", "idle")]
+    pids.append(int(rows[1][2]))
     assert "cluster stopped" in kernel.run("%dist stop", timeout=60).check().stdout
-    assert not psutil.pid_exists(int(pid)) or psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE
+    for engine_pid in pids:  # the added engine goes with the cluster too
+        assert not psutil.pid_exists(engine_pid) or psutil.Process(engine_pid).status() == psutil.STATUS_ZOMBIE
 
 
 def test_connect_by_file_then_disconnect_leaves_cluster_running(fresh_kernel, cluster):
@@ -51,6 +57,8 @@ def test_connect_by_file_then_disconnect_leaves_cluster_running(fresh_kernel, cl
                                    f"ipcontroller-{ipp_cluster.cluster_id}-client.json")
     status = kernel.run(f"%dist connect --file {connection_file}", timeout=120).check().stdout
     assert len([line for line in status.splitlines() if line[:1].isdigit()]) >= 2
+    refused = kernel.run("%dist add -n 1")
+    assert refused.ename == "ClusterError" and "ipengine --file" in refused.evalue, refused.error_text
     assert "keeps running" in kernel.run("%dist stop").check().stdout
     assert len(client.ids) >= 2
 

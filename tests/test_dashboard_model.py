@@ -155,3 +155,16 @@ def test_a_dashboard_tab_opened_after_the_run_ended_shows_its_final_figures():
     sent = []
     LabChannel(session).handle(SimpleNamespace(send=sent.append), {"action": "show_dashboard", "run": 3})
     assert sent == [{"type": "dashboard", "run": 3, "model_id": "box-1", "cell_id": "c-3", "message": ""}]
+
+
+def test_a_worker_that_joins_the_run_gets_its_traces_row_and_evict_choice():
+    dashboard = dashboard_of("nfdt", status="running", started_at=100.0)
+    before = len(dashboard.figure.data)
+    dashboard.run.workers.append(7)
+    dashboard.run.progress[7] = {"record": {"t": 101.0, "loss": 0.5}}
+    dashboard.last_t = 0.0
+    dashboard(dashboard.run)
+    assert len(dashboard.figure.data) == before + len(dashboard.panels)  # one more trace per panel
+    assert list(dashboard.trace("loss", 2).y) == [0.5] and dashboard.trace("loss", 2).name == "worker 2"
+    assert [value for _, value in dashboard.controls.evict_choice.options] == [0, 1, 2]
+    assert "<tr><td>2</td><td>7</td>" in dashboard._node_table(dashboard.run, now=101.5)

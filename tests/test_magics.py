@@ -27,7 +27,7 @@ def session(ip):
 
 def test_help_lists_every_option(ip):
     dist_help = ip.find_line_magic("dist").__doc__
-    for flag in ("-n N", "--engines", "--profile", "--cluster-id", "--file", "start,connect,stop,status,runs"):
+    for flag in ("-n N", "--engines", "--profile", "--cluster-id", "--file", "start,add,connect,stop,status,runs"):
         assert flag in dist_help
     distribute_help = ip.find_cell_magic("distribute").__doc__
     for flag in ("--strategy", "--workers", "--targets", "--seed", "define", "--name", "local"):

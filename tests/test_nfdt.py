@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from nbdist.ps import checkpoint
-from tests.support import SGD_CELL, idle_engines, push_log, within
+from tests.support import SGD_CELL, eventually, idle_engines, new_engine, push_log, within
 
 pytestmark = pytest.mark.cluster
 
@@ -110,6 +110,32 @@ def test_a_worker_killed_mid_run_is_dropped_and_the_others_finish(kernel, cluste
     assert [e["worker"] for e in events if e["event"] == "worker_dropped"] == [2]
     assert kernel.value("len(nbdist.last_run.results)") == 2
     assert kernel.value("len(model.get_weights()) == len(nbdist.last_run.weights) > 0")
+
+
+def test_an_engine_started_mid_run_joins_it_with_its_pushes_applied_and_acknowledged(kernel, cluster):
+    engines = idle_engines(cluster, 2)
+    epochs = 4
+    cell = SGD_CELL.format(lr=0.05, batch=32, epochs=epochs, steps="None", shuffle=True)
+    kernel.run(f"%%distribute --strategy nfdt --background --targets {','.join(map(str, engines))}\n" + cell,
+               timeout=120).check()
+    eventually(kernel, "any(p.get('epochs') for p in nbdist.last_run.progress.values())", timeout=120)
+    kernel.run("nbdist.last_run.control('pause')").check()  # the run stands still until the newcomer is in
+    newcomer, _ = new_engine(cluster)
+    joined, = eventually(kernel, "nbdist.last_run.events_of('worker_joined')", timeout=120)
+    kernel.run("nbdist.last_run.control('resume')").check()
+    reply = kernel.run("%dist wait", timeout=300).check()
+    assert joined["engine"] == newcomer and joined["rank"] == 2, joined
+    assert f"engine {newcomer} (host" in reply.stdout and "joined run" in reply.stdout
+    assert kernel.value("nbdist.last_run.workers") == [*engines, newcomer]
+    first = joined["first_epoch"]
+    assert kernel.value(f"len(nbdist.last_run.results[{newcomer}][0].history['loss'])") == epochs - first
+    counts = kernel.value("nbdist.last_run.ps[0]['counts']")
+    steps = kernel.value("sum(len(fit.history['loss']) * fit.params['steps'] "
+                         "for fits in nbdist.last_run.results.values() for fit in fits)")
+    assert counts["applied"] == counts["acked"] == steps and counts["rejected"] == 0, (counts, steps)
+    assert sum(1 for e in push_log(kernel) if e["worker"] == 2) == (epochs - first) * kernel.value(
+        f"nbdist.last_run.results[{newcomer}][0].params['steps']")
+    assert kernel.value("len(history.history['loss'])") == epochs
 
 
 def test_ps_killed_fails_fast_with_the_checkpoint_then_resume_continues_from_it(kernel, cluster, tmp_path):

@@ -279,6 +279,52 @@ def test_epoch_logs_are_averaged_by_each_workers_share_of_the_data():
         shard.handle(b"w0", message("epoch", worker=0, epoch=1, logs={"loss": 1.0}, share=0))
 
 
+def admit(shard, worker, epochs):
+    (_, kind, _, answer), = shard.handle(b"ctl", message("admit", worker="controller", worker_id=worker, epochs=epochs))
+    assert kind == "ok"
+    return answer
+
+
+def epoch(shard, worker, number, loss):
+    return shard.handle(f"w{worker}".encode(), message("epoch", worker=worker, epoch=number, logs={"loss": loss}))
+
+
+def test_a_newcomer_joins_from_the_epoch_after_the_last_posted_and_only_later_barriers_wait_for_it():
+    shard = ready_shard()
+    push(shard, 0, 0)
+    push(shard, 0, 1)  # worker 0 leads by two pushes; the newcomer starts level with the slowest (worker 1)
+    assert epoch(shard, 0, 0, 1.0) == []  # worker 0 waits at epoch 0's end for worker 1
+    assert admit(shard, 2, epochs=3) == {"admitted": True, "first_epoch": 1}
+    assert shard.workers[2].pushed == 0
+    released = epoch(shard, 1, 0, 3.0)  # epoch 0 does not wait for the newcomer
+    assert sorted(ident for ident, *_ in released) == [b"w0", b"w1"]
+    assert epoch(shard, 0, 1, 1.0) == [] and epoch(shard, 1, 1, 1.0) == []  # epoch 1 waits for it
+    released = epoch(shard, 2, 1, 4.0)
+    assert {ident: fields["logs"]["loss"] for ident, _, _, fields in released} == {b"w0": 2.0, b"w1": 2.0, b"w2": 2.0}
+    assert push(shard, 2, 2) and shard.counts["applied"] == shard.counts["acked"] == 3
+
+
+def test_a_newcomer_is_refused_when_no_epoch_is_left_or_a_fit_ended():
+    shard = ready_shard()
+    epoch(shard, 0, 0, 1.0)
+    epoch(shard, 1, 0, 1.0)
+    refused = admit(shard, 2, epochs=1)
+    assert refused["admitted"] is False and "no epoch is left" in refused["reason"] and 2 not in shard.workers
+    shard.handle(b"w0", message("done", worker=0))
+    shard.handle(b"w1", message("done", worker=1))
+    assert "first fit has ended" in admit(shard, 2, epochs=5)["reason"]
+    with pytest.raises(wire.Rejected, match="new worker id"):
+        admit(shard, 1, epochs=5)
+
+
+def test_a_dropped_worker_is_no_longer_waited_for_at_an_epoch_end():
+    shard = ready_shard()
+    assert epoch(shard, 0, 0, 1.0) == []
+    (_, kind, _, _), *released = shard.handle(b"ctl", message("drop", worker="controller", worker_id=1))
+    assert kind == "ok" and [ident for ident, *_ in released] == [b"w0"]
+    assert [e["worker"] for e in shard.events if e["event"] == "worker_dropped"] == [1]
+
+
 def test_the_push_log_keeps_a_window_in_memory_and_every_push_in_its_file(tmp_path):
     """A long run's log must not grow the shard: the stats carry the window, the file every push."""
     from nbdist.ps.client import PsClient

@@ -31,9 +31,12 @@ def digest_of(value) -> tuple[str, bytes | None]:
     return hashlib.sha256(blob).hexdigest()[:24], blob
 
 
-def send(items: list[Item], cluster, workers: list[int], shard_names: set[str] = frozenset()) -> dict:
-    """Bring `items` to `workers` (in rank order); `shard_names`: arrays each rank gets only its shard of.
+def send(items: list[Item], cluster, workers: list[int], shard_names: set[str] = frozenset(),
+         positions: dict[int, tuple[int, int]] | None = None) -> dict:
+    """Bring `items` to `workers` (in rank order); `shard_names`: arrays each rank gets only its shard of;
+    `positions`: engine -> (rank, size) where not its place in `workers` (an engine joining a running run).
     Returns {"names": [...], "data_bytes": n, "sharded": [...]}, what was actually sent."""
+    positions = positions or {eid: (rank, len(workers)) for rank, eid in enumerate(workers)}
     client = cluster.client
     sent = {"names": [], "data_bytes": 0, "sharded": []}
     code = [i for i in items if i.kind != "value"]
@@ -51,24 +54,26 @@ def send(items: list[Item], cluster, workers: list[int], shard_names: set[str] =
     if values:
         have = _gather(cluster, {eid: client[eid].apply_async(engine.value_digests) for eid in workers})
         for item in values:
-            _send_value(item, cluster, workers, have, item.name in shard_names and len(workers) > 1, sent)
+            _send_value(item, cluster, positions, have, item.name in shard_names, sent)
     return sent
 
 
-def _send_value(item: Item, cluster, workers: list[int], have: dict, by_shard: bool, sent: dict) -> None:
+def _send_value(item: Item, cluster, positions: dict[int, tuple[int, int]], have: dict, by_shard: bool,
+                sent: dict) -> None:
     value = item.value
     digest, blob = digest_of(value)
-    by_shard = by_shard and blob is None and value.ndim >= 1 and len(value) >= len(workers)
+    most = max(size for _, size in positions.values())
+    by_shard = by_shard and most > 1 and blob is None and value.ndim >= 1 and len(value) >= most
     calls = {}
-    for rank, eid in enumerate(workers):
+    for eid, (rank, size) in positions.items():
         if by_shard:
             from ..sharding import strided
 
-            mine = f"{digest}:{rank}/{len(workers)}"
+            mine = f"{digest}:{rank}/{size}"
             if have[eid].get(item.name) != mine:
-                part = np.ascontiguousarray(value[strided(len(value), rank, len(workers))])
+                part = np.ascontiguousarray(value[strided(len(value), rank, size)])
                 calls[eid] = cluster.client[eid].apply_async(engine.receive_value, item.name, mine, part, False,
-                                                             (rank, len(workers), len(value)))
+                                                             (rank, size, len(value)))
                 sent["data_bytes"] += part.nbytes
         elif have[eid].get(item.name) != digest:
             payload = value if blob is None else blob

@@ -94,6 +94,14 @@ def _restore(shard, ident, worker, message):
     return [(ident, "ok", None, {})]
 
 
+def _admit(shard, ident, worker, message):
+    return [(ident, "ok", None, shard.admit(message.header))]
+
+
+def _drop(shard, ident, worker, message):
+    return [(ident, "ok", None, {}), *shard.drop(message.header.get("worker_id"))]
+
+
 def _stop(shard, ident, worker, message):
     shard.stopping = True
     return [(ident, "ok", None, {})]
@@ -101,4 +109,4 @@ def _stop(shard, ident, worker, message):
 
 HANDLERS = {"heartbeat": _heartbeat, "init": _init, "push": _push, "probe": _probe, "pull": _pull, "done": _done,
             "epoch": _epoch, "learning_rate": _learning_rate, "state": _state, "stats": _stats, "control": _control,
-            "restore": _restore, "stop": _stop}
+            "restore": _restore, "stop": _stop, "admit": _admit, "drop": _drop}

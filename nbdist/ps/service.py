@@ -102,6 +102,25 @@ class PsService:
         with self._client() as client:
             return [reply.header for reply in client.request("control", action=action, value=value)]
 
+    def admit(self, worker: int, epochs: int) -> dict:
+        """Take worker `worker` into the running fit on every shard: {"admitted", "first_epoch"} or
+        {"admitted": False, "reason"}. A shard that refuses (a fit ended there first) refuses for all."""
+        with self._client() as client:
+            answers = [r.header for r in client.request("admit", worker_id=worker, epochs=epochs)]
+            refused = next((a for a in answers if not a.get("admitted")), None)
+            if refused is not None:
+                if any(a.get("admitted") for a in answers):
+                    client.request("drop", worker_id=worker)
+                return refused
+        self.workers = max(self.workers, worker + 1)  # a restarted shard serves the newcomer too
+        return answers[0]
+
+    def drop(self, worker: int) -> None:
+        """The kernel saw `worker`'s engine die: no shard waits for it any more (its heartbeat would stop
+        only after HEARTBEAT_TIMEOUT_S, and one that never talked would be waited for at the epoch's end)."""
+        with self._client() as client:
+            client.request("drop", worker_id=worker)
+
     def recent(self) -> dict:
         """Shard 0's push-log entries since the last call, and every shard's control state.
 

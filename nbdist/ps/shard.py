@@ -29,7 +29,7 @@ from .zero_copy import SharedArrays
 HEARTBEAT_TIMEOUT_S = 5.0
 NEEDS_MODEL = ("push", "pull", "probe", "epoch", "done", "learning_rate", "report", "turn", "profile")
 CONTROLLER = "controller"
-CONTROLLER_KINDS = {"state", "stats", "restore", "stop", "heartbeat", "control"}
+CONTROLLER_KINDS = {"state", "stats", "restore", "stop", "heartbeat", "control", "admit", "drop"}
 LOG_FIELDS = ("t", "worker", "step", "version", "staleness", "outcome", "lead", "gamma", "momentum", "comp_norm",
               "lr")
 
@@ -42,6 +42,7 @@ class WorkerState:
     done: bool = False
     evicted: bool = False
     died_at: float | None = None
+    first_epoch: int = 0  # a newcomer's first epoch: the epoch barriers before it do not wait for it
 
 
 class ShardExtension:
@@ -135,6 +136,7 @@ class Shard:
         self.at_barrier: set[int] = set()  # workers waiting for the others' epoch-end logs
         self.stopping = False  # told to exit
         self.finalized = False  # the end-of-fit finalisation (EMA) was done
+        self.fits_ended = 0  # end-of-fit barriers released: a newcomer joins only the first fit
         self.paused = False  # control: hold every pull and push, so the version stands still
         self.finishing = False  # every push reply tells its worker to end its fit ...
         self.finishing_reason = ""  # ... because of a graceful "stop", or "laggards" (ASHL)
@@ -259,6 +261,8 @@ class Shard:
             return None
         if not self.finalized and hasattr(self.updater, "finalize"):  # EMA: the averages become the weights
             self.updater.finalize({n: self.shared.writable(self.variables, n) for n in self.variables})
+        if not self.finalized:
+            self.fits_ended += 1
         self.finalized = True
         clock = {"vt": getattr(self.policy, "times").now} if self.clock == "virtual" else {}
         return [self.weights_reply(ident, worker, stop=False, **clock)]
@@ -345,7 +349,7 @@ class Shard:
         """The reply fields (the mean of every worker's logs for `epoch`, weighted by the workers' shares of the
         data) once every live worker has posted them."""
         posted = self.epoch_logs.get(epoch, {})
-        if any(k not in posted for k in self.live()):
+        if any(k not in posted for k in self.live() if self.workers[k].first_epoch <= epoch):
             return None
         keys = sorted({k for logs in posted.values() for k in logs})
         share = self.epoch_shares
@@ -363,6 +367,34 @@ class Shard:
             agreed["vt"] = max(vts.values())
             self.policy.barrier_released(self, [worker], agreed["vt"])
         return agreed
+
+    # -- workers that join or go -------------------------------------------------------
+    def admit(self, header: dict) -> dict:
+        """A newcomer joins the running fit as worker `worker` (DESIGN.md section 10): from the epoch after the
+        last one any worker posted, its pushes counted from the slowest live worker's (a staleness bound does
+        not hold the others back for it). Refused once a fit has ended or no epoch of `epochs` is left."""
+        worker, epochs = header.get("worker_id"), header.get("epochs")
+        if not isinstance(worker, int) or worker in self.workers or not isinstance(epochs, int):
+            raise wire.Rejected("malformed", "an admit names a new worker id and the fit's epochs")
+        first = max(self.epoch_logs, default=-1) + 1
+        if self.fits_ended or not self.initialised or not self.live():
+            return {"admitted": False, "reason": "the run's first fit has ended"}
+        if first >= epochs:
+            return {"admitted": False, "reason": f"no epoch is left to join (the run posted epoch {first - 1})"}
+        self.workers[worker] = WorkerState(pushed=self.slowest() or 0, first_epoch=first)
+        self.events.append({"t": time.time(), "event": "worker_admitted", "worker": worker, "first_epoch": first})
+        return {"admitted": True, "first_epoch": first}
+
+    def drop(self, worker) -> list:
+        """The kernel saw `worker`'s engine die: nothing is waited for from it any more."""
+        state = self.workers.get(worker) if isinstance(worker, int) else None
+        if state is None:
+            raise wire.Rejected("malformed", f"drop of unknown worker {worker!r}")
+        if state.alive:
+            state.alive, state.died_at = False, time.time()
+            self.events.append({"t": state.died_at, "event": "worker_dropped", "worker": worker, "pushed": state.pushed,
+                                "silent_s": None})
+        return self.policy.complete_round(self) + self.release()
 
     # -- controls, log, health ---------------------------------------------------------
     def control(self, header: dict) -> dict:

@@ -218,6 +218,19 @@ class Strategy:
         that). By default: a strategy that survives a worker's loss does, while any worker is left."""
         return self.survives_worker_loss and bool(survivors)
 
+    @property
+    def takes_newcomers(self) -> bool:
+        """Whether engines that register while a run trains may join it (`admit`); none by default."""
+        return False
+
+    def admit(self, run, eid: int, rank: int, config: dict) -> dict:
+        """Take engine `eid` (prepared: definitions, models and its share of the data are there) into the
+        running job as rank `rank`; returns its worker's config (`config`: what `prepare` gave the others).
+        Raises `nbdist.newcomers.Refused` with the reason when it cannot join now."""
+        from ..newcomers import Refused
+
+        raise Refused(f"--strategy {self.name} does not take engines that join a running run")
+
     def check(self, run) -> None:
         """Called while the run waits: raise an `NbdistError` when a service the run needs has failed."""
 

@@ -42,5 +42,9 @@ OVERLAP = Option("--overlap", "on: the next step computes while the push-pull is
                  "(exact sequential SGD with one worker); auto (the default): on, except for the cell's own SGD "
                  "with momentum above 0.45 under nfdt/asgd, where that delay would push the effective momentum past "
                  "0.95. --max-staleness and the virtual clock turn it off", default="auto", choices=("auto", "on", "off"))
+MAX_WORKERS = Option("--max-workers", "the most live workers a run grows to when engines register while it trains "
+                     "(added to the cluster, or an ipengine started by hand on another host); each joins at once, "
+                     "from the next epoch. Default: no cap; equal to --workers: none joins",
+                     type=int, metavar="M", minimum=1)
 PARAMETER_SERVER = (PS_SHARDS, PS_ON, MAX_STALENESS, CHECKPOINT_EVERY, CHECKPOINT_DIR, RESUME, PS_RESTARTS, SIMULATE,
                     DATA_SHARDS)

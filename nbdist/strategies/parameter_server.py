@@ -118,8 +118,13 @@ class PsWorker(Worker):
         return step.to_json()
 
     def fit_data(self, request) -> dict:
-        """The `fit` arguments of this worker's share of the data (default: an equal strided shard)."""
-        return shard_fit_data(request, self.rank, self.size, fractions=self.config.get("fractions"))
+        """The `fit` arguments of this worker's share of the data (default: an equal strided shard); a worker
+        that joined the running run starts its first fit at the epoch the PS gave it."""
+        data = shard_fit_data(request, self.rank, self.size, fractions=self.config.get("fractions"))
+        first = self.config.pop("first_epoch", None)
+        if first is not None:
+            data["initial_epoch"] = max(first, request.args.get("initial_epoch") or 0)
+        return data
 
     def reporter_clock(self, exchange: PushPull):
         """What the worker's records call the time: wall time, or the run's start plus virtual seconds."""
@@ -262,6 +267,33 @@ class PsStrategy(Strategy):
                 "rule": (settings["rule"] or {}).get("preset"),
                 "simulate": [p.to_json() for p in profiles],
                 "virtual": {"step": step.to_json() if step else None} if clock == "virtual" else None}
+
+    @property
+    def takes_newcomers(self) -> bool:
+        """Real-clock runs over equal shards of the rules that read --max-workers (not ASHL's allocation,
+        ADSP's commits or synchronous rounds: they plan for the workers they started with)."""
+        return any(o is opt.MAX_WORKERS for o in self.reads) and not self.value("simulate") and self.array_shards()
+
+    def admit(self, run, eid: int, rank: int, config: dict) -> dict:
+        """Every shard takes worker `rank` into the running fit; it pulls the current weights and trains its
+        strided share 1/(rank + 1) of the data from the epoch after the last one any worker finished."""
+        from ..newcomers import Refused
+
+        epochs = max((p.get("epochs") or 0 for p in run.progress.values()), default=0)
+        if not epochs:
+            raise Refused("the run has not reported its first step yet", retry=True)
+        answer = self.service.admit(rank, epochs)
+        if not answer.get("admitted"):
+            raise Refused(answer.get("reason") or "refused by the parameter server")
+        return {**config, "first_epoch": answer["first_epoch"], "simulate": None, "fractions": None}
+
+    def continues_without(self, run, cluster, dead: int, survivors: list[int]) -> bool:
+        if self.service is not None and not self.service.failure and dead in run.workers:
+            try:
+                self.service.drop(run.workers.index(dead))
+            except NbdistError:  # the shards' own heartbeat check drops it in seconds
+                pass
+        return super().continues_without(run, cluster, dead, survivors)
 
     def shard_restarts(self, settings: dict) -> int:
         """--ps-restarts as the shards apply it: none on the virtual clock (a restarted shard would not know

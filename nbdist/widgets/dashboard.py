@@ -137,9 +137,26 @@ class Dashboard:
         if now - self.last_t < REFRESH_S:
             return
         self.last_t = now
+        self._take_newcomers(run)
         self._take_records(run)
         self._take_pushes(run)
         self._draw(run, now)
+
+    def _take_newcomers(self, run) -> None:
+        """Workers that joined the run since the last refresh: their traces (the figure laid out again with
+        them), table rows and evict choice."""
+        if len(run.workers) <= len(self.workers):
+            return
+        self.workers = list(range(len(run.workers)))
+        for panel in self.panels:
+            for k in self.workers:
+                self.series.setdefault((panel.name, k), Series())
+        fresh = self._empty_figure()
+        with self.figure.batch_update():
+            self.figure.data = ()
+            self.figure.add_traces(list(fresh.data))
+        self.template = None  # the overall traces take the theme's ink again
+        self.controls.evict_choice.options = [(f"worker {k}", k) for k in self.workers]
 
     def _take_records(self, run) -> None:
         rank_of = {eid: k for k, eid in enumerate(run.workers)}

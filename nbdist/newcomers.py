@@ -1,0 +1,87 @@
+"""Engines that register while a run trains, taken into it by strategies that can (DESIGN.md section 10).
+
+An engine is a newcomer when the hub lists it after the run started (`%dist add`, or an
+`ipengine` started by hand on another host). `Newcomers.take_in`, called from the run's
+wait loop, prepares each once (probe, definition cells, models, its share of the data),
+asks the strategy to `admit` it, and starts its training cell as the next rank.
+"""
+
+from __future__ import annotations
+
+import time
+
+RETRY_S = 1.0  # a newcomer the strategy cannot take yet is asked about again this often
+
+
+class Refused(Exception):
+    """The strategy does not take a newcomer; `retry`: not yet (the run is not far enough), else never."""
+
+    def __init__(self, reason: str, retry: bool = False):
+        super().__init__(reason)
+        self.retry = retry
+
+
+class Newcomers:
+    """The newcomers of one run.
+
+    Args:
+        prepare(eid, rank, size): gives engine `eid` what the run's workers received before training
+            (the session's definition cells, models and, as rank `rank` of `size`, its share of the data).
+        start(eid, rank, config): submits the training cell to it; returns its AsyncResult.
+        config: what the strategy's `prepare` gave the run's first workers.
+    """
+
+    def __init__(self, run, cluster, strategy, config: dict, prepare, start):
+        self.run, self.cluster, self.strategy, self.config = run, cluster, strategy, config
+        self.prepare, self.start = prepare, start
+        self.seen = set(cluster.ids())
+        self.waiting: dict[int, float] = {}  # prepared newcomers the strategy could not take yet -> next try
+        self.prepared: dict[int, int] = {}  # newcomer -> the rank it was prepared as
+
+    def take_in(self) -> dict:
+        """{engine id: AsyncResult} of the newcomers whose training cell started now."""
+        new = sorted(set(self.cluster.ids()) - self.seen)
+        self.seen.update(new)
+        now = time.time()
+        started = {}
+        for eid in [*new, *(e for e, at in list(self.waiting.items()) if at <= now)]:
+            try:
+                started[eid] = self._join(eid)
+                self.waiting.pop(eid, None)
+            except Refused as exc:
+                if exc.retry:
+                    self.waiting[eid] = time.time() + RETRY_S
+                    continue
+                self.waiting.pop(eid, None)
+                self.run.events.append({"t": time.time(), "event": "join_refused", "engine": eid, "reason": str(exc)})
+        return started
+
+    def _join(self, eid: int):
+        run, cluster = self.run, self.cluster
+        rank = self.prepared.get(eid, len(run.workers))
+        if rank != len(run.workers):
+            raise Refused(f"another engine joined as rank {rank} first")
+        self._check_room()
+        if eid not in self.prepared:
+            cluster.refresh([eid])
+            if not cluster.is_alive(eid):
+                raise Refused("it died before it could join")
+            if eid in cluster.busy():  # a probe of %dist status, or another client's task: ask again
+                raise Refused("it is busy", retry=True)
+            self.prepare(eid, rank, rank + 1)
+            self.prepared[eid] = rank
+        config = self.strategy.admit(run, eid, rank, self.config)
+        run.workers.append(eid)
+        run.hosts[eid] = {"host": cluster.info(eid).host, "gpus": list(cluster.info(eid).gpus or [])}
+        result = self.start(eid, rank, config)
+        cluster.running([eid])
+        run.events.append({"t": time.time(), "event": "worker_joined", "engine": eid, "rank": rank,
+                           "host": cluster.info(eid).host, "first_epoch": config.get("first_epoch"),
+                           "after_s": round(time.time() - run.started_at, 2)})
+        return result
+
+    def _check_room(self) -> None:
+        cap = self.strategy.value("max_workers")
+        live = len(self.run.workers) - len(self.run.dead_ranks())
+        if cap is not None and live >= cap:
+            raise Refused(f"the run has --max-workers {cap} live workers already")
