@@ -26,7 +26,8 @@ class Newcomers:
 
     Args:
         prepare(eid, rank, size): gives engine `eid` what the run's workers received before training
-            (the session's definition cells, models and, as rank `rank` of `size`, its share of the data).
+            (the session's definition cells, models and its share of the data: shard `rank` of `size`,
+            `Strategy.newcomer_shard`).
         start(eid, rank, config): submits the training cell to it; returns its AsyncResult.
         config: what the strategy's `prepare` gave the run's first workers.
     """
@@ -68,11 +69,11 @@ class Newcomers:
                 raise Refused("it died before it could join")
             if eid in cluster.busy():  # a probe of %dist status, or another client's task: ask again
                 raise Refused("it is busy", retry=True)
-            self.prepare(eid, rank, rank + 1)
+            self.prepare(eid, *self.strategy.newcomer_shard(run, rank))
             self.prepared[eid] = rank
+        run.hosts[eid] = {"host": cluster.info(eid).host, "gpus": list(cluster.info(eid).gpus or [])}
         config = self.strategy.admit(run, eid, rank, self.config)
         run.workers.append(eid)
-        run.hosts[eid] = {"host": cluster.info(eid).host, "gpus": list(cluster.info(eid).gpus or [])}
         result = self.start(eid, rank, config)
         cluster.running([eid])
         run.events.append({"t": time.time(), "event": "worker_joined", "engine": eid, "rank": rank,

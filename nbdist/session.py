@@ -331,6 +331,9 @@ class Session:
         for event in run.events_of("join_refused"):
             print(f"nbdist: engine {event['engine']} registered during run {run.id} and was not taken in: "
                   f"{event['reason']}.")
+        for event in run.events_of("grown"):
+            print(f"nbdist: the Horovod job grew to {event['size']} ranks at the start of epoch {event['epoch'] + 1} "
+                  f"(step {event['step']}).")
         recovered = {e["engine"]: e for e in run.events_of("recovered")}
         for event in run.events_of("worker_died"):
             again = recovered.get(event["engine"])

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.conftest import TRAIN
-from tests.support import new_engine
+from tests.support import eventually, new_engine
 
 pytestmark = pytest.mark.cluster
 
@@ -20,7 +20,7 @@ WEIGHTS_OF_RANKS = ("(lambda r: max(float(abs(a - b).max()) for a, b in "
 
 
 def test_ranks_agree_loss_falls_and_model_comes_back(kernel):
-    kernel.run("%%distribute --strategy hfdt --workers 2 --compression fp16 --warmup-epochs 1\n"
+    kernel.run("%%distribute --strategy hfdt --workers 2 --seed 1 --compression fp16 --warmup-epochs 1\n"
                + TRAIN.format(epochs=3), timeout=240).check()
     assert kernel.value(WEIGHTS_OF_RANKS) <= 1e-6
     result = kernel.value("{'loss': history.history['loss'], 'val': history.history['val_accuracy'][-1], "
@@ -106,6 +106,31 @@ def test_a_rank_killed_mid_run_leaves_the_survivors_training_to_the_end_with_equ
     # scale the learning rate by 2, not 3: a run that lost a rank early ends a few points lower (docs/strategies/hfdt.md)
     assert undisturbed - 0.08 <= run["accuracy"] <= undisturbed + 0.02
     assert kernel.value(WEIGHTS_OF_RANKS) <= 1e-6  # ranks 0 and 1, the survivors
+
+
+def test_an_engine_started_mid_run_joins_the_horovod_job_at_an_epoch_end_with_equal_weights(kernel, cluster):
+    epochs = 5
+    kernel.run("%%distribute --strategy hfdt --background --seed 3 --targets 0,1\n" + TRAIN.format(epochs=epochs),
+               timeout=120).check()
+    eventually(kernel, "any(p.get('epochs') for p in nbdist.last_run.progress.values())", timeout=120)
+    kernel.run("nbdist.last_run.control('pause')").check()  # no epoch ends until the newcomer waits for the job
+    newcomer, _ = new_engine(cluster)
+    # the kernel announces the larger job once the newcomer waits for it; the ranks leave at the next epoch end
+    eventually(kernel, "(nbdist.last_run.controller.bus.state['reform'] or {}).get('grow')", timeout=120)
+    kernel.run("nbdist.last_run.control('resume')").check()
+    reply = kernel.run("%dist wait", timeout=300).check()
+    events = kernel.value("nbdist.last_run.events")
+    joined, = [e for e in events if e["event"] == "worker_joined"]
+    grown, = [e for e in events if e["event"] == "grown"]
+    assert (joined["engine"], joined["rank"], grown["size"]) == (newcomer, 2, 3), events
+    assert "the Horovod job grew to 3 ranks" in reply.stdout
+    assert kernel.value("nbdist.last_run.workers") == [0, 1, newcomer]
+    assert kernel.value(f"len(nbdist.last_run.results[{newcomer}][0].history['loss'])") == epochs - grown["epoch"]
+    assert kernel.value("len(history.history['loss'])") == epochs  # one History, every epoch
+    assert kernel.value("(lambda r: max(float(abs(a - b).max()) for e in r.workers[1:] for a, b in "
+                        "zip(r.results[r.workers[0]][-1].weights, r.results[e][-1].weights)))(nbdist.last_run)") <= 1e-6
+    loss = kernel.value("history.history['loss']")
+    assert loss[-1] < loss[0], loss
 
 
 def test_an_engine_death_below_min_workers_fails_the_run_naming_it(kernel, cluster):

@@ -223,6 +223,11 @@ class Strategy:
         """Whether engines that register while a run trains may join it (`admit`); none by default."""
         return False
 
+    def newcomer_shard(self, run, rank: int) -> tuple[int, int]:
+        """(shard, of how many) of the data the newcomer that joins as rank `rank` trains on: by default
+        the strided 1/(rank + 1)."""
+        return rank, rank + 1
+
     def admit(self, run, eid: int, rank: int, config: dict) -> dict:
         """Take engine `eid` (prepared: definitions, models and its share of the data are there) into the
         running job as rank `rank`; returns its worker's config (`config`: what `prepare` gave the others).

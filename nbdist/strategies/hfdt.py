@@ -24,9 +24,9 @@ from .. import balance
 from . import horovod_ops as ops
 from .base import Option, Reports, Strategy, Worker
 from .control_step import stop_when_stopped
-from .hfdt_elastic import GLOO_TIMEOUT_S, LEFT_KEY, REFORM_WAIT_S, Survivor, elastic
+from .hfdt_elastic import GLOO_TIMEOUT_S, LEFT_KEY, REFORM_WAIT_S, Survivor, elastic, join_grown_job
 from .stall_watch import StallWatch, stalled
-from .options import SIMULATE
+from .options import MAX_WORKERS, SIMULATE
 
 COMPRESSION = Option("--compression", "gradient compression on the allreduce: none or fp16", default="none",
                      choices=("none", "fp16"))
@@ -64,27 +64,36 @@ class HfdtWorker(Worker):
         return tf.device("/GPU:0") if visible else contextlib.nullcontext()
 
     def fit(self, request):
-        hvd = self._init_horovod()
         model, optimizer = request.model, request.model.optimizer
         control = self.control_point()
+        hvd = None
         try:
-            data = shard_fit_data(request, self.rank, self.size, synchronous=True)
+            data = shard_fit_data(request, *(self.config.get("shard") or (self.rank, self.size)), synchronous=True)
             build_for_training(model, data["x"])
-            ops.broadcast_from_rank0(hvd, list(model.variables) + list(optimizer.variables))
+            joined = None
+            if self.config.get("joining"):  # an engine that joined the running run: at the ranks' next epoch end
+                joined = join_grown_job(self._join_job, control, model, self.config.pop("joining"), _left)
+                if joined is None:  # the run ended, or re-formed after a death, before it could take this in
+                    return request.run_plain(callbacks=[], verbose=0, **{**data, "epochs": 0})
+                hvd, data["initial_epoch"] = joined["hvd"], joined["initial_epoch"]
+            else:
+                hvd = self._init_horovod()
+                ops.broadcast_from_rank0(hvd, list(model.variables) + list(optimizer.variables))
+            self.size = hvd.size()
             batch = request.samples_per_step or 32
             step = self._virtual_step_cost(hvd, model, data, batch)
             batches = [batch] * self.size
             if self.values["balance"] == "auto":
                 batches = self._balance(hvd, model, data, batch, step)
                 data = self._balanced_data(hvd, request, batches)
-            weight = balance.gradient_weight(batches, self.rank)
+            weight = balance.gradient_weight(batches, hvd.rank())
             with apply_gradients_restored(model):
                 optimizer.apply_gradients = ops.allreduced(hvd, optimizer.apply_gradients, self.values["compression"],
                                                            control, weight)
                 model.jit_compile = False  # XLA cannot compile Horovod's ops
                 user = self.user_callbacks(request)
-                restored = [ops.rank0_restore(hvd, model)] if any(type(c).__name__ == "BackupAndRestore"
-                                                                  for c in user) else []
+                restored = [ops.rank0_restore(hvd, model)] if joined is None and any(
+                    type(c).__name__ == "BackupAndRestore" for c in user) else []  # a newcomer took rank 0's state
                 reporter = self.make_reporter(batches[self.rank])
                 if step is not None:  # the records' time: the run's start plus the virtual steps made
                     start, step_s = self.spec.get("cell_start") or 0.0, self._virtual_step_s(model, step, batches)
@@ -93,11 +102,15 @@ class HfdtWorker(Worker):
                 reporter.extra = lambda: {"bytes_sent": reporter.steps * per_step}
                 scaling = self._lr_callbacks(optimizer)
                 averager = ops.epoch_log_averager(hvd, weight)
-                survivor = Survivor(hvd, model, control, self._join, lambda size: [s.rescale(size) for s in scaling],
+                survivor = Survivor(hvd, model, control, self._join_job, lambda size: [s.rescale(size) for s in scaling],
                                     _left, StallWatch(_publish, float(self.values.get("stall_timeout") or 30)),
                                     recover=bool(self.config.get("elastic")))
+                if joined is not None:
+                    survivor.generation, survivor.done = joined["generation"], joined["done"]
+                grows = elastic(survivor)
                 survivor.guard(averager, "on_epoch_end")
-                callbacks = [averager, *scaling, elastic(survivor), *self._simulation(per_step), *user, *restored,
+                survivor.guard(grows, "on_epoch_end")
+                callbacks = [averager, *scaling, grows, *self._simulation(per_step), *user, *restored,
                              stop_when_stopped(control), reporter]
                 # every rank must decide alike: Horovod matches the allreduce by its op's name, which the
                 # loop of fused steps changes; so the cell's callbacks count on every rank, as does --simulate
@@ -110,7 +123,8 @@ class HfdtWorker(Worker):
                 return history
         finally:
             control.close()
-            hvd.shutdown()
+            if hvd is not None:
+                hvd.shutdown()
 
     def _init_horovod(self, slot: dict | None = None, port: int | None = None):
         """Join the run's Horovod job (or, elastic, the re-formed one at `port` in `slot`)."""
@@ -145,12 +159,13 @@ class HfdtWorker(Worker):
             raise ClusterError(f"Horovod gave rank {hvd.rank()}/{hvd.size()}, expected {slot['rank']}/{slot['size']}")
         return hvd
 
-    def _join(self, reform: dict) -> None:
-        """Leave the broken job for the one the kernel re-formed over the survivors."""
-        slot = reform["slots"].get(str(self.rank))
+    def _join_job(self, job: dict):
+        """Leave the current Horovod job for `job`, the one the kernel re-formed over the survivors of a
+        dead rank or grew by newcomers; returns Horovod, re-initialised."""
+        slot = job["slots"].get(str(self.rank))
         if slot is None:
-            raise ClusterError(f"rank {self.rank} was left out of the Horovod job re-formed over the survivors")
-        self._init_horovod(slot, reform["port"])
+            raise ClusterError(f"rank {self.rank} was left out of the Horovod job the kernel re-formed")
+        return self._init_horovod(slot, job["port"])
 
     def _simulated_anywhere(self) -> bool:
         """Whether some rank's steps sleep for `--simulate` (each step then needs its own call)."""
@@ -160,8 +175,8 @@ class HfdtWorker(Worker):
     def _simulation(self, per_step_bytes: int) -> list:
         """`--simulate`: this rank's steps stretched by 1/speed, its link charged for the allreduce's bytes
         (sent and received)."""
-        profile = (self.config.get("simulate") or [None] * self.size)[self.rank]
-        slowdown = Slowdown(profile)
+        profiles = self.config.get("simulate")  # none for an engine that joined the run (it is not simulated)
+        slowdown = Slowdown(profiles[self.rank] if profiles else None)
         if not slowdown.active or self.config.get("virtual") is not None:  # the virtual clock never sleeps
             return []
         import keras
@@ -266,7 +281,8 @@ class HfdtStrategy(Strategy):
 
     name = "hfdt"
     summary = "synchronous data parallel, Horovod ring-allreduce over Gloo"
-    reads = (COMPRESSION, SCALE_LR, WARMUP_EPOCHS, BALANCE, ON_FAILURE, MIN_WORKERS, STALL_TIMEOUT, SIMULATE)
+    reads = (COMPRESSION, SCALE_LR, WARMUP_EPOCHS, BALANCE, ON_FAILURE, MIN_WORKERS, MAX_WORKERS, STALL_TIMEOUT,
+             SIMULATE)
     reports = Reports(panels=("loss", "throughput"), controls=("pause", "resume", "stop"))
     worker_class = HfdtWorker
 
@@ -278,6 +294,10 @@ class HfdtStrategy(Strategy):
         self.reforming: dict | None = None  # the job announced once every survivor has left the broken one
         self.ranks: list[int] = []  # the engines in rank order of the current job
         self.abandoned: dict | None = None  # below --min-workers: the survivors end their fit, then the run fails
+        self.growing: dict | None = None  # the larger job a newcomer waits for, until the ranks leave for it
+        self.shards: dict[int, int] = {}  # engine -> the shard of the data it trains on (of the first job's N)
+        self.first_size = 0
+        self.reformed_after: dict[int, int] = {}  # job generation -> the dead engine it was re-formed after
 
     def array_shards(self) -> bool:
         return self.value("balance") != "auto"
@@ -295,18 +315,73 @@ class HfdtStrategy(Strategy):
         self.rendezvous = Rendezvous(self.address)
         port = self.rendezvous.start(slots)
         self.ranks = list(run.workers)
+        self.shards = {eid: rank for rank, eid in enumerate(run.workers)}
+        self.first_size = len(run.workers)
         profiles = parse_simulate(self.value("simulate"), len(run.workers))
         clock, step = parse_clock(self.value("simulate"))
         return {"address": self.address, "port": port, "simulate": [p.to_json() for p in profiles],
                 "virtual": {"step": step.to_json() if step else None} if clock == "virtual" else None,
                 "slots": [_slot(s) for s in slots], "elastic": self.elastic}
 
+    @property
+    def takes_newcomers(self) -> bool:
+        return self.elastic and not self.value("simulate")
+
+    def newcomer_shard(self, run, rank: int) -> tuple[int, int]:
+        """A shard as large as every rank's, so all make the same steps: a dead rank's that no live engine
+        took over, else rank (rank mod N)'s of the first job's N (then trained on twice per epoch)."""
+        size = self.first_size
+        dead = {run.workers[r] for r in run.dead_ranks()}
+        held = {k for eid, k in self.shards.items() if eid not in dead}
+        free = sorted({self.shards[eid] for eid in dead if eid in self.shards} - held)
+        return (free[0] if free else rank % size), size
+
+    def admit(self, run, eid: int, rank: int, config: dict) -> dict:
+        """A larger job over the current ranks and engine `eid`, opened now; the ranks leave for it at an
+        epoch's end once the newcomer waits for it (`check`). Not in the run's last epoch."""
+        from ..newcomers import Refused
+
+        if self.reforming or self.abandoned or self.growing:
+            raise Refused("the Horovod job is changing", retry=True)
+        latest = [p for p in run.progress.values() if p.get("epochs")]
+        if not latest:
+            raise Refused("the run has not reported its first step yet", retry=True)
+        epochs, epoch = latest[0]["epochs"], max((p.get("record") or {}).get("epoch") or 0 for p in latest)
+        if epoch + 1 >= epochs:
+            raise Refused("the run is in its last epoch; a Horovod job grows at an epoch's end")
+        members = list(self.ranks)
+        hosts = [run.hosts.get(e, {}).get("host") or "localhost" for e in members]
+        order, slots = host_plan([*hosts, run.hosts[eid]["host"]])
+        rendezvous = Rendezvous(self.address)
+        port = rendezvous.start(slots)
+        self.generation += 1
+        engines = [*members, eid]
+        ranked = [engines[order[r]] for r in range(len(slots))]
+        index = {e: (rank if e == eid else run.workers.index(e)) for e in engines}
+        job = {"generation": self.generation, "port": port, "grow": True,
+               "slots": {str(index[e]): _slot(slot) for e, slot in zip(ranked, slots)}}
+        self.growing = {"job": job, "members": members, "newcomer": eid, "ranks": ranked, "rendezvous": rendezvous,
+                        "announced": False}
+        self.shards[eid] = self.newcomer_shard(run, rank)[0]
+        return {**config, "joining": job, "shard": [self.shards[eid], self.first_size], "simulate": None,
+                "virtual": None}
+
     def continues_without(self, run, cluster, dead: int, survivors: list[int]) -> bool:
-        """Re-form the job over the survivors, when elastic and at least --min-workers are left."""
-        if not self.elastic or not survivors or self.bus is None:
+        """Re-form the job over the survivors, when elastic and at least --min-workers are left (a newcomer
+        not yet in the job is given up: the run goes on without it)."""
+        if not self.elastic or self.bus is None:
             return False
+        if self.growing is not None:
+            newcomer = self.growing["newcomer"]
+            self._give_up_growth()
+            if dead == newcomer:
+                return True
+        survivors = [e for e in survivors if e in self.ranks]  # not a newcomer that never got into the job
+        if not survivors:
+            return False
+        self.generation += 1
+        self.reformed_after[self.generation] = dead
         if len(survivors) < self.value("min_workers"):  # the survivors end their fit and send its weights
-            self.generation += 1
             self.abandoned = {"survivors": survivors, "since": time.time(), "dead": cluster.info(dead).label()}
             self.bus.send("reform", {"generation": self.generation, "abandon": True})
             return True
@@ -314,7 +389,6 @@ class HfdtStrategy(Strategy):
         self.rendezvous.stop()
         self.rendezvous = Rendezvous(self.address)
         port = self.rendezvous.start(slots)
-        self.generation += 1
         self.ranks = [survivors[order[r]] for r in range(len(slots))]
         ranks = {str(run.workers.index(eid)): _slot(slot) for eid, slot in zip(self.ranks, slots)}
         self.reforming = {"job": {"generation": self.generation, "port": port, "slots": ranks},
@@ -334,6 +408,7 @@ class HfdtStrategy(Strategy):
         stall = stalled(run, self.ranks, self.value("stall_timeout")) if self.reforming is None else None
         if stall:
             raise CollectiveStalled(stall)
+        self._grow(run)
         pending = self.reforming
         if pending is None:
             return
@@ -347,11 +422,40 @@ class HfdtStrategy(Strategy):
                              "of a rank's death (stuck in the cell's own code?); the run was stopped. See %dist "
                              "status; --on-failure fail stops a run at the first death instead.")
 
+    def _grow(self, run) -> None:
+        """Announce the larger job once its newcomer waits for it; say go to the newcomer once every rank
+        left for it; give it up when the ranks ended their fit first."""
+        growing = self.growing
+        if growing is None:
+            return
+        job, generation = growing["job"], growing["job"]["generation"]
+
+        def left(eid):
+            return (run.progress.get(eid) or {}).get(LEFT_KEY, 0) >= generation
+
+        if not growing["announced"] and left(growing["newcomer"]):
+            self.bus.send("reform", job)
+            growing["announced"] = True
+        elif growing["announced"] and all(left(e) for e in growing["members"]):
+            self.bus.send("reform", {**job, "go": True})
+            self.rendezvous.stop()
+            self.rendezvous, self.ranks, self.growing = growing["rendezvous"], growing["ranks"], None
+        elif all(e in run.results for e in growing["members"]):
+            self._give_up_growth()
+
+    def _give_up_growth(self) -> None:
+        growing, self.growing = self.growing, None
+        growing["rendezvous"].stop()
+        self.bus.send("reform", {**growing["job"], "abandon": True})
+
     def finish(self, run) -> None:
         if self.rendezvous is not None:
             self.rendezvous.stop()
             self.rendezvous = None
-        run.events += recovered_events(run)
+        if self.growing is not None:
+            self.growing["rendezvous"].stop()
+            self.growing = None
+        run.events += recovered_events(run, self.reformed_after)
 
 
 SLOT_FIELDS = ("hostname", "rank", "local_rank", "cross_rank", "size", "local_size", "cross_size")
@@ -361,18 +465,22 @@ def _slot(slot) -> dict:
     return {k: getattr(slot, k) for k in SLOT_FIELDS}
 
 
-def recovered_events(run) -> list[dict]:
-    """One `recovered` event per re-formed job, from the new rank 0's account of it: the step it resumed
-    at, the new size, and the seconds from the kernel seeing the engine die to the next completed step."""
-    deaths = run.events_of("worker_died")
+def recovered_events(run, reformed_after: dict[int, int]) -> list[dict]:
+    """From the account of each new job's rank 0: one `recovered` event per job re-formed after a death (the
+    step it resumed at, the new size, the seconds from the kernel seeing the engine die to the next
+    completed step) and one `grown` event per job grown by engines that joined (its size, step, epoch)."""
+    deaths = {e["engine"]: e for e in run.events_of("worker_died")}
+    entries = {entry["generation"]: entry for results in run.results.values() for fit in results or ()
+               for entry in (fit.timings or {}).get("recoveries") or [] if entry["rank"] == 0}
     events = []
-    for fit in (fit for results in run.results.values() for fit in results or ()):
-        for entry in (fit.timings or {}).get("recoveries") or []:
-            if entry["rank"] != 0 or entry["generation"] > len(deaths):
-                continue
-            death = deaths[entry["generation"] - 1]
-            events.append({"t": entry.get("resumed_at") or entry["joined_at"], "event": "recovered",
-                           "engine": death["engine"], "rank": death["rank"], "size": entry["size"],
-                           "step": entry["step"],
-                           "recovery_s": round((entry.get("resumed_at") or entry["joined_at"]) - death["t"], 2)})
+    for generation, entry in sorted(entries.items()):
+        t = entry.get("resumed_at") or entry["joined_at"]
+        if entry.get("grown"):
+            events.append({"t": t, "event": "grown", "size": entry["size"], "step": entry["step"],
+                           "epoch": entry["epoch"]})
+            continue
+        death = deaths.get(reformed_after.get(generation))
+        if death is not None:
+            events.append({"t": t, "event": "recovered", "engine": death["engine"], "rank": death["rank"],
+                           "size": entry["size"], "step": entry["step"], "recovery_s": round(t - death["t"], 2)})
     return sorted(events, key=lambda e: e["t"])

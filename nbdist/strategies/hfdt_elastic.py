@@ -10,6 +10,10 @@ completed (train calls, epoch-end averagings); one may have completed the unit t
 another, and the one behind then skips it instead of running it again, so every rank's next
 collective is the same. The batches a failed call had drawn are not trained on, and the dead
 rank's share of the data is not dealt out again: each survivor keeps its own shard.
+
+The job grows the same way, at an epoch's end: once every rank has seen the kernel announce a larger
+job (an engine joined the run, `nbdist.newcomers`), all leave for it together, and the newcomer,
+waiting for them, takes rank 0's weights, optimizer state and the next epoch (`join_grown_job`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 
 GLOO_TIMEOUT_S = 5  # how long a survivor waits on a dead peer before its collective fails (Gloo's default: 30)
 REFORM_WAIT_S = 60  # how long a survivor waits for the kernel's new job before failing as before
+JOIN_WAIT_S = 1800  # how long a newcomer waits for the ranks to reach an epoch's end and take it in
 COLLECTIVE_MARKS = ("Horovod", "/gloo/", "nbdist_gradients")  # in the error of a step whose collective broke
 LEFT_KEY = "nbdist_left"  # in a worker's published data: the job generation it waits for
 
@@ -96,36 +101,88 @@ class Survivor:
 
     def _recover(self, exc: BaseException) -> bool:
         """Join the re-formed job; whether the unit that failed here is to run again."""
-        from .horovod_ops import broadcast_from_rank0
-
-        hvd, model = self.hvd, self.model
         failed_at = time.time()
         self.left(self.generation + 1)
         reform = self._await(exc)
         if reform.get("abandon"):  # too few ranks left: the fit ends here, its weights go back to the kernel
-            self.abandoned = model.stop_training = True
+            self.abandoned = self.model.stop_training = True
             return False
-        self.join(reform)
-        self.generation = reform["generation"]
+        done = self._enter(reform, {"failed_at": failed_at})
+        again, self.done = self.done == done, done
+        return again
+
+    def grow(self, epoch: int, last: bool) -> None:
+        """At the end of `epoch`: when every rank has seen the kernel announce a larger job, all leave for it
+        (the newcomers wait there) and go on from the next epoch; nothing at the last epoch's end."""
+        if not self.recover:
+            return
+        job = self.control.reform()
+        announced = bool(job and job.get("grow") and job["generation"] > self.generation and not last)
+        seen = job["generation"] if announced else self.generation
+        if min(self.hvd.allgather_object(seen, name="nbdist_grow_check")) <= self.generation:
+            return
+        self.left(job["generation"])
+        self._enter(job, {"grown": True, "epoch": epoch + 1})
+        self.hvd.broadcast_object(epoch + 1, root_rank=0, name=f"nbdist_grow_epoch_{job['generation']}")
+
+    def _enter(self, job: dict, account: dict) -> int:
+        """Join `job`, take rank 0's weights and optimizer state, rescale, trace the train step anew;
+        returns the most units of collectives any rank of the new job had completed."""
+        from .horovod_ops import broadcast_from_rank0
+
+        hvd, model = self.hvd, self.model
+        self.join(job)
+        self.generation = job["generation"]
         done = max(hvd.allgather_object(self.done, name=f"nbdist_elastic_done_{self.generation}"))
         broadcast_from_rank0(hvd, list(model.variables) + list(model.optimizer.variables))
         self.resized(hvd.size())
         self.recoveries.append({"generation": self.generation, "size": hvd.size(), "rank": hvd.rank(),
-                                "step": int(model.optimizer.iterations.numpy()), "failed_at": failed_at,
-                                "joined_at": time.time()})
+                                "step": int(model.optimizer.iterations.numpy()), "joined_at": time.time(), **account})
         model.make_train_function(force=True)  # traced anew: Horovod's ops now run in the new job
         self._train, model.train_function = model.train_function, self._guarded
-        again, self.done = self.done == done, done
-        return again
+        return done
 
     def _await(self, exc: BaseException) -> dict:
         deadline = time.time() + REFORM_WAIT_S
         while time.time() < deadline and not self.control.state["stop"]:
             reform = self.control.reform()
-            if reform and reform["generation"] > self.generation:
+            if reform and reform["generation"] > self.generation and not reform.get("grow"):
                 return reform
             time.sleep(0.05)  # polling the control bus, bounded by the deadline
         raise exc
+
+
+def join_grown_job(hvd_join, control, model, job: dict, left) -> dict | None:
+    """A newcomer's side of growing: say it is ready (`left`), wait until the ranks have left for `job`
+    (the kernel says go), join it (`hvd_join(job)` returns Horovod), and mirror `Survivor.grow`. Returns
+    {"hvd", "generation", "done", "initial_epoch"}, or None when the kernel gave the join up (the run
+    ended, or a rank died first)."""
+    from .horovod_ops import broadcast_from_rank0
+
+    generation = job["generation"]
+    left(generation)
+    deadline = time.time() + JOIN_WAIT_S
+    while True:
+        current = control.reform() or {}
+        if current.get("generation", 0) > generation or (current.get("generation") == generation
+                                                         and current.get("abandon")) or control.state["stop"]:
+            return None
+        if current.get("generation") == generation and current.get("go"):
+            break
+        if time.time() > deadline:
+            return None
+        time.sleep(0.05)  # polling the control bus, bounded by the deadline
+    from ..learning_rate import schedule_of
+
+    hvd = hvd_join(job)
+    optimizer = model.optimizer
+    own_rate = float(optimizer.learning_rate) if schedule_of(optimizer) is None else None
+    done = max(hvd.allgather_object(0, name=f"nbdist_elastic_done_{generation}"))
+    broadcast_from_rank0(hvd, list(model.variables) + list(optimizer.variables))
+    if own_rate is not None:  # rank 0's rate is scaled for its job; this rank's scaler starts from the cell's
+        optimizer.learning_rate = own_rate
+    epoch = hvd.broadcast_object(None, root_rank=0, name=f"nbdist_grow_epoch_{generation}")
+    return {"hvd": hvd, "generation": generation, "done": done + 1, "initial_epoch": int(epoch)}
 
 
 def elastic(survivor: Survivor):
@@ -137,6 +194,9 @@ def elastic(survivor: Survivor):
 
         def on_train_begin(self, logs=None):
             survivor.install()
+
+        def on_epoch_end(self, epoch, logs=None):
+            survivor.grow(epoch, last=epoch + 1 >= (self.params or {}).get("epochs", 0))
 
         def on_train_end(self, logs=None):
             if survivor.watch is not None:
