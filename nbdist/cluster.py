@@ -110,8 +110,9 @@ class ClusterHandle:
         where = {"connection_info": file, "profile": profile, "cluster_id": cluster_id}
         return cls(client, None, lifeline.Lifeline.start(release=where))
 
-    def add(self, n: int) -> list[int]:
-        """Start `n` more engines through the launcher of the cluster nbdist started; their ids."""
+    def add(self, n: int, wait: bool = True) -> list[int]:
+        """Start `n` more engines through the launcher of the cluster nbdist started; their ids (with `wait`
+        False, [] at once: they register when they are up)."""
         if self.cluster is None:
             raise ClusterError("%dist add starts engines on a cluster nbdist started (%dist start). On a connected "
                                "cluster start them where it runs (ipcluster engines, or ipengine --file "
@@ -121,6 +122,8 @@ class ClusterHandle:
         before = set(self.client.ids)
         try:
             self.cluster.start_engines_sync(n)
+            if not wait:
+                return []
             self.client.wait_for_engines(len(before) + n, timeout=ENGINE_START_TIMEOUT_S, block=True)
         except Exception as exc:  # the launcher's or the wait's: say which engines came
             came = sorted(set(self.client.ids) - before)

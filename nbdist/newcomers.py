@@ -57,6 +57,18 @@ class Newcomers:
                 self.run.events.append({"t": time.time(), "event": "join_refused", "engine": eid, "reason": str(exc)})
         return started
 
+    def replace(self, dead: int) -> None:
+        """Worker engine `dead` died and the run goes on: on a cluster nbdist started, with
+        --restart-engines on, a new engine is launched; it joins as a newcomer once it registers."""
+        if self.strategy.value("restart_engines") != "on" or not self.cluster.owned:
+            return
+        event = {"t": time.time(), "event": "engine_restarted", "engine": dead}
+        try:
+            self.cluster.add(1, wait=False)
+        except Exception as exc:  # the run goes on without a replacement; the event says why
+            event = {**event, "event": "restart_failed", "reason": str(exc)}
+        self.run.events.append(event)
+
     def _join(self, eid: int):
         run, cluster = self.run, self.cluster
         rank = self.prepared.get(eid, len(run.workers))

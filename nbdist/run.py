@@ -337,6 +337,8 @@ def _wait(run: Run, cluster: ClusterHandle, strategy, pending: dict, on_progress
                 run.events.append({"t": time.time(), "event": "worker_died", "engine": eid,
                                    "rank": run.workers.index(eid), "host": cluster.info(eid).host,
                                    "after_s": round(time.time() - run.started_at, 2)})
+                if joins is not None:
+                    joins.replace(eid)
             except errors.EngineFailure as exc:
                 if not any(marker in str(exc) for marker in COLLATERAL):
                     raise

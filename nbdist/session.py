@@ -328,6 +328,9 @@ class Session:
             print(f"nbdist: engine {event['engine']} (host {event['host']}) joined run {run.id} as rank "
                   f"{event['rank']} {event['after_s']:.1f} s in" + (f", training from epoch {event['first_epoch'] + 1}"
                                                                       if event.get("first_epoch") is not None else ""))
+        for event in run.events_of("engine_restarted"):
+            print(f"nbdist: engine {event['engine']} died and a new engine was started in its place "
+                  "(--restart-engines); it joined the run as it registered (above).")
         for event in run.events_of("join_refused"):
             print(f"nbdist: engine {event['engine']} registered during run {run.id} and was not taken in: "
                   f"{event['reason']}.")

@@ -8,7 +8,9 @@ import signal
 import psutil
 import pytest
 
+from tests.conftest import DEFINITION
 from tests.kernel_driver import KernelDriver
+from tests.support import SGD_CELL, eventually
 
 pytestmark = pytest.mark.cluster
 
@@ -69,3 +71,31 @@ def test_connect_to_nothing_fails_fast_with_advice(fresh_kernel, tmp_path):
     assert reply.ename == "ClusterError", reply.error_text
     assert "could not connect" in reply.evalue and "%dist start" in reply.evalue
     assert reply.seconds < 20
+
+
+def engine_pids(stdout: str) -> dict[int, int]:
+    """Engine id -> pid, from the engine table `%dist start` and `%dist status` print."""
+    return {int(row[0]): int(row[2]) for row in (line.split() for line in stdout.splitlines() if line[:1].isdigit())}
+
+
+def test_a_dead_worker_engine_is_replaced_and_the_new_engine_joins_the_run(fresh_kernel):
+    kernel, pids = fresh_kernel
+    started = engine_pids(kernel.run("%dist start -n 2", timeout=180).check().stdout)
+    pids += started.values()
+    kernel.run("%%distribute define --name data\n" + DEFINITION, timeout=120).check()
+    cell = SGD_CELL.format(lr=0.05, batch=32, epochs=4, steps="None", shuffle=True)
+    kernel.run("%%distribute --strategy nfdt --background --workers 2\n" + cell, timeout=120).check()
+    eventually(kernel, "any(p.get('epochs') for p in nbdist.last_run.progress.values())", timeout=120)
+    kernel.run("nbdist.last_run.control('pause')").check()  # nothing trains until the replacement is in
+    os.kill(started[1], signal.SIGKILL)
+    joined, = eventually(kernel, "nbdist.last_run.events_of('worker_joined')", timeout=120)
+    pids += engine_pids(kernel.run("%dist status", timeout=60).check().stdout).values()
+    kernel.run("nbdist.last_run.control('resume')").check()
+    reply = kernel.run("%dist wait", timeout=300).check()
+    events = kernel.value("[(e['event'], e.get('engine')) for e in nbdist.last_run.events if 'control' not in e['event']]")
+    assert events[:3] == [["worker_died", 1], ["engine_restarted", 1], ["worker_joined", 2]], events
+    assert (joined["engine"], joined["rank"]) == (2, 2)
+    assert "a new engine was started in its place" in reply.stdout
+    counts = kernel.value("nbdist.last_run.ps[0]['counts']")
+    assert counts["applied"] == counts["acked"] > 0 and counts["rejected"] == 0, counts
+    assert kernel.value("len(nbdist.last_run.results[2][0].history['loss'])") == 4 - joined["first_epoch"]

@@ -26,7 +26,7 @@ from .base import Option, Reports, Strategy, Worker
 from .control_step import stop_when_stopped
 from .hfdt_elastic import GLOO_TIMEOUT_S, LEFT_KEY, REFORM_WAIT_S, Survivor, elastic, join_grown_job
 from .stall_watch import StallWatch, stalled
-from .options import MAX_WORKERS, SIMULATE
+from .options import ELASTIC, SIMULATE
 
 COMPRESSION = Option("--compression", "gradient compression on the allreduce: none or fp16", default="none",
                      choices=("none", "fp16"))
@@ -281,7 +281,7 @@ class HfdtStrategy(Strategy):
 
     name = "hfdt"
     summary = "synchronous data parallel, Horovod ring-allreduce over Gloo"
-    reads = (COMPRESSION, SCALE_LR, WARMUP_EPOCHS, BALANCE, ON_FAILURE, MIN_WORKERS, MAX_WORKERS, STALL_TIMEOUT,
+    reads = (COMPRESSION, SCALE_LR, WARMUP_EPOCHS, BALANCE, ON_FAILURE, MIN_WORKERS, *ELASTIC, STALL_TIMEOUT,
              SIMULATE)
     reports = Reports(panels=("loss", "throughput"), controls=("pause", "resume", "stop"))
     worker_class = HfdtWorker

@@ -46,5 +46,10 @@ MAX_WORKERS = Option("--max-workers", "the most live workers a run grows to when
                      "(added to the cluster, or an ipengine started by hand on another host); each joins at once, "
                      "from the next epoch. Default: no cap; equal to --workers: none joins",
                      type=int, metavar="M", minimum=1)
+RESTART_ENGINES = Option("--restart-engines", "on a cluster nbdist started: a worker's engine that dies is replaced "
+                         "by a new one through ipyparallel's launcher, which joins the run like any engine that "
+                         "registers while it trains (on, the default) or not (off)", default="on",
+                         choices=("on", "off"))
+ELASTIC = (MAX_WORKERS, RESTART_ENGINES)  # read by the strategies whose runs take engines in while they train
 PARAMETER_SERVER = (PS_SHARDS, PS_ON, MAX_STALENESS, CHECKPOINT_EVERY, CHECKPOINT_DIR, RESUME, PS_RESTARTS, SIMULATE,
                     DATA_SHARDS)
