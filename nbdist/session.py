@@ -328,6 +328,10 @@ class Session:
             print(f"nbdist: engine {event['engine']} (host {event['host']}) joined run {run.id} as rank "
                   f"{event['rank']} {event['after_s']:.1f} s in" + (f", training from epoch {event['first_epoch'] + 1}"
                                                                       if event.get("first_epoch") is not None else ""))
+        for event in run.events_of("stalled_rank_killed"):
+            print(f"nbdist: rank {event['rank']} (engine {event['engine']}, host {event['host']}) did not reach a "
+                  f"step the others waited in for {event['stall_timeout']:g} s (--stall-timeout); it was treated as "
+                  "dead (its engine killed) and the others went on.")
         for event in run.events_of("engine_restarted"):
             print(f"nbdist: engine {event['engine']} died and a new engine was started in its place "
                   "(--restart-engines); it joined the run as it registered (above).")

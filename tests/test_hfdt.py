@@ -6,6 +6,7 @@ import os
 import signal
 import time
 
+import psutil
 import pytest
 
 from tests.conftest import TRAIN
@@ -164,11 +165,26 @@ history = model.fit(x, y, batch_size=64, epochs=2, callbacks=[StuckOnRank1()])
 
 
 def test_a_stalled_step_names_the_rank_it_waits_for_and_the_cluster_serves_the_next_cell(kernel):
-    reply = kernel.run("%%distribute --strategy hfdt --stall-timeout 3 --targets 0,1\n" + STUCK_RANK_1, timeout=120)
+    reply = kernel.run("%%distribute --strategy hfdt --on-failure fail --stall-timeout 3 --targets 0,1\n"
+                       + STUCK_RANK_1, timeout=120)
     assert reply.ename == "CollectiveStalled", reply.error_text
     assert "rank 1 (engine 1, host " in reply.evalue and "its last progress: epoch " in reply.evalue
     assert "rank 0" not in reply.evalue  # it was the one waiting
     kernel.run("%%distribute --strategy hfdt --targets 0,1\n" + TRAIN.format(epochs=1), timeout=180).check()
+
+
+def test_an_elastic_run_treats_a_rank_that_stays_stalled_as_dead_and_the_others_finish(kernel, cluster):
+    victim, pid = new_engine(cluster)
+    stuck = STUCK_RANK_1.replace('== "1"', '== "2"')
+    reply = kernel.run(f"%%distribute --strategy hfdt --stall-timeout 3 --targets 0,1,{victim}\n" + stuck,
+                       timeout=180).check()
+    events = kernel.value("nbdist.last_run.events")
+    assert [(e["event"], e["engine"]) for e in events if e["event"] in ("stalled_rank_killed", "worker_died")] == [
+        ("stalled_rank_killed", victim), ("worker_died", victim)], events
+    assert [e["size"] for e in events if e["event"] == "recovered"] == [2]
+    assert f"rank 2 (engine {victim}, host" in reply.stdout and "treated as dead" in reply.stdout
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert kernel.value("len(history.history['loss'])") == 2 and kernel.value(WEIGHTS_OF_RANKS) <= 1e-6
 
 
 def test_an_interrupt_while_the_survivors_re_form_stops_every_engine(kernel, cluster):

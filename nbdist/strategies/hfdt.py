@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import time
 
@@ -25,7 +26,7 @@ from . import horovod_ops as ops
 from .base import Option, Reports, Strategy, Worker
 from .control_step import stop_when_stopped
 from .hfdt_elastic import GLOO_TIMEOUT_S, LEFT_KEY, REFORM_WAIT_S, Survivor, elastic, join_grown_job
-from .stall_watch import StallWatch, stalled
+from .stall_watch import StallWatch, missing_ranks, stalled
 from .options import ELASTIC, SIMULATE
 
 COMPRESSION = Option("--compression", "gradient compression on the allreduce: none or fp16", default="none",
@@ -297,6 +298,8 @@ class HfdtStrategy(Strategy):
         self.growing: dict | None = None  # the larger job a newcomer waits for, until the ranks leave for it
         self.shards: dict[int, int] = {}  # engine -> the shard of the data it trains on (of the first job's N)
         self.first_size = 0
+        self.cluster = None
+        self.killed: set[int] = set()  # engines of stalled ranks this run killed (treated as dead)
         self.reformed_after: dict[int, int] = {}  # job generation -> the dead engine it was re-formed after
 
     def array_shards(self) -> bool:
@@ -309,6 +312,7 @@ class HfdtStrategy(Strategy):
 
     def prepare(self, run, cluster) -> dict:
         require_horovod()
+        self.cluster = cluster
         order, slots = host_plan([cluster.info(eid).host for eid in run.workers])
         run.workers[:] = [run.workers[i] for i in order]  # rank order
         self.address = address_towards_cluster(cluster.client, all(cluster.shares_network(e) for e in run.workers))
@@ -405,9 +409,8 @@ class HfdtStrategy(Strategy):
                                  f"{self.value('min_workers')}; the run was stopped. nbdist.last_run.weights holds "
                                  "the weights of its last completed step (model.set_weights(nbdist.last_run.weights) "
                                  "keeps them); a lower --min-workers lets a run go on with fewer.")
-        stall = stalled(run, self.ranks, self.value("stall_timeout")) if self.reforming is None else None
-        if stall:
-            raise CollectiveStalled(stall)
+        if self.reforming is None and self.growing is None:
+            self._check_stall(run)
         self._grow(run)
         pending = self.reforming
         if pending is None:
@@ -421,6 +424,22 @@ class HfdtStrategy(Strategy):
             raise EngineDied(f"engine(s) {waiting} did not leave the broken Horovod job within {REFORM_WAIT_S} s "
                              "of a rank's death (stuck in the cell's own code?); the run was stopped. See %dist "
                              "status; --on-failure fail stops a run at the first death instead.")
+
+    def _check_stall(self, run) -> None:
+        """A rank the others waited for past --stall-timeout: treated as dead when elastic and enough ranks
+        are left without it (its engine is killed, the others re-form), else the run fails naming it."""
+        missing = [self.ranks[r] for r in missing_ranks(run, self.ranks, self.value("stall_timeout"))]
+        if not missing or set(missing) <= self.killed:
+            return
+        if not self.elastic or len(self.ranks) - len(missing) < self.value("min_workers") or self.cluster is None:
+            raise CollectiveStalled(stalled(run, self.ranks, self.value("stall_timeout")))
+        for eid in missing:
+            if eid not in self.killed:
+                run.events.append({"t": time.time(), "event": "stalled_rank_killed", "engine": eid,
+                                   "rank": run.workers.index(eid), "host": self.cluster.info(eid).host,
+                                   "stall_timeout": self.value("stall_timeout")})
+        self.killed |= set(missing)
+        self.cluster.signal(missing, signal.SIGKILL)  # the others' collective then fails: they re-form
 
     def _grow(self, run) -> None:
         """Announce the larger job once its newcomer waits for it; say go to the newcomer once every rank

@@ -49,15 +49,22 @@ class StallWatch:
                 self.publish({WAITING_KEY: {"since": entered, "unit": self.unit}})
 
 
-def stalled(run, ranks: list[int], timeout_s: float) -> str | None:
-    """What the cell says when some of the job's ranks (engines `ranks`, in rank order) have waited past
-    the timeout in a collective the others never reached; None while no rank waits, or all do."""
+def missing_ranks(run, ranks: list[int], timeout_s: float) -> list[int]:
+    """The ranks (of the job's engines `ranks`, in rank order) that never reached a collective others
+    have waited in past the timeout; [] while no rank waits, or all do."""
     waiting = {e: (run.progress.get(e) or {}).get(WAITING_KEY) for e in ranks}
     missing = [rank for rank, eid in enumerate(ranks) if not waiting[eid]]
     # a rank that entered the collective up to `timeout_s` after the first waiter says so itself by
     # 2 x timeout_s; one still silent then never arrived (not merely later than the others)
     settled = [w for w in waiting.values() if w and time.time() - w["since"] > 2 * timeout_s + 2 * CHECK_S]
-    if not settled or len(missing) in (0, len(ranks)):
+    return missing if settled and len(missing) < len(ranks) else []
+
+
+def stalled(run, ranks: list[int], timeout_s: float) -> str | None:
+    """What the cell says when some of the job's ranks (engines `ranks`, in rank order) have waited past
+    the timeout in a collective the others never reached; None while no rank waits, or all do."""
+    missing = missing_ranks(run, ranks, timeout_s)
+    if not missing:
         return None
     parts = []
     for rank in missing:
