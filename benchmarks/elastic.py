@@ -13,11 +13,17 @@ the kill to the survivors' next completed step (the new rank 0's account, on the
 event): Gloo's timeout on the dead peer (5 s for elastic runs), the new rendezvous, Horovod
 re-initialised, rank 0's weights broadcast, the train step traced again. Beside it, rank 0's throughput after
 the recovery, on the 2 survivors.
+The accuracy part runs one seeded cell (`--accuracy-epochs`, 3 engines) three ways per trial:
+undisturbed, its third rank killed once every rank trains (the survivors keep their own shards),
+and killed with `--restart-engines on` (the replacement takes the dead rank's shard from the
+epoch's end after it registers), and evaluates each on 2000 test images.
 Prints a table per part, then:
     RESULT ps_recovery_s=<median seconds from the kill to the next completed push>
     RESULT hfdt_recovery_s=<median seconds from the kill to the next completed step>
+    RESULT hfdt_accuracy_gap_killed=<median undisturbed - killed test accuracy>
+    RESULT hfdt_accuracy_gap_replaced=<median undisturbed - killed-and-replaced test accuracy>
 
-    .venv/bin/python benchmarks/elastic.py [--trials 5 --values 225000 --hfdt-trials 3]
+    .venv/bin/python benchmarks/elastic.py [--trials 5 --values 225000 --hfdt-trials 3 --accuracy-trials 3]
 """
 
 from __future__ import annotations
@@ -67,27 +73,65 @@ def trial(values: int) -> dict:
         service.stop()
 
 
-def hfdt_trial(ip, session) -> dict:
-    """One hfdt run on 3 engines whose third is killed mid-run; seconds from the kill to the next step."""
+def three_engine_run(ip, session, epochs: int, options: str, kill: bool):
+    """The benchmark cell under hfdt on 3 engines (two of the cluster's and one started now), the third
+    SIGKILLed once every rank has reported steps when `kill`; (the run, the kill's time)."""
     cluster = session.cluster
-    before = set(cluster.ids())
-    cluster.cluster.start_engines_sync(n=1)
-    cluster.client.wait_for_engines(len(before) + 1, timeout=120, block=True)
-    victim = (set(cluster.ids()) - before).pop()
-    targets = ",".join(map(str, sorted(before)[:2] + [victim]))
-    ip.run_cell_magic("distribute", f"--strategy hfdt --background --targets {targets}",
-                      TRAIN.format(epochs=EPOCHS, optimizer=SGD_MOMENTUM))
+    victim = cluster.add(1)[0]
+    targets = ",".join(map(str, sorted(set(cluster.ids()) - {victim})[:2] + [victim]))
+    ip.run_cell_magic("distribute", f"--strategy hfdt --background --targets {targets} {options}",
+                      TRAIN.format(epochs=epochs, optimizer=SGD_MOMENTUM))
     run = session.last_run
     deadline = time.time() + START_WAIT_S
     while not all(run.progress.get(e) for e in run.workers) and time.time() < deadline:
         time.sleep(0.05)  # every rank has published steps: it trains
-    cluster.refresh([victim])
-    os.kill(cluster.info(victim).pid, signal.SIGKILL)
-    killed = time.time()
+    killed = None
+    if kill:
+        cluster.refresh([victim])
+        os.kill(cluster.info(victim).pid, signal.SIGKILL)
+        killed = time.time()
     ip.run_line_magic("dist", "wait")
+    return run, killed
+
+
+def hfdt_trial(ip, session) -> dict:
+    """One hfdt run on 3 engines whose third is killed mid-run; seconds from the kill to the next step."""
+    run, killed = three_engine_run(ip, session, EPOCHS, "--restart-engines off", kill=True)
     recovered, = run.events_of("recovered")
     return {"samples_per_s": _samples_per_s(run, recovered["t"]), "recovery_s": recovered["t"] - killed,
             "size": recovered["size"], "step": recovered["step"]}
+
+
+def accuracy_trial(ip, session, epochs: int) -> dict:
+    """Test accuracy of one seeded cell: undisturbed, its third rank killed early, and killed with the
+    replacement (--restart-engines) taking the dead rank's shard from an epoch's end on."""
+    accuracy = {}
+    for name, options, kill in (("undisturbed", "", False), ("killed", "--restart-engines off", True),
+                                ("restarted", "--restart-engines on", True)):
+        run, _ = three_engine_run(ip, session, epochs, "--seed 3 " + options, kill)
+        ip.run_cell("_accuracy = model.evaluate(xt, yt, verbose=0)[1]")
+        accuracy[name] = float(ip.user_ns["_accuracy"])
+        if name == "restarted":
+            grown = run.events_of("grown")
+            accuracy["joined_epoch"] = grown[0]["epoch"] if grown else None
+    return accuracy
+
+
+def accuracy_part(ip, session, trials: int, epochs: int) -> tuple[float, float]:
+    ip.run_cell_magic("distribute", "define", TEST_DATA)
+    results = [accuracy_trial(ip, session, epochs) for _ in range(trials)]
+    rows = [[i, f"{r['undisturbed']:.4f}", f"{r['killed']:.4f}", f"{r['restarted']:.4f}",
+             r["joined_epoch"] if r["joined_epoch"] is not None else "never"] for i, r in enumerate(results)]
+    print_table(["trial", "undisturbed accuracy", "killed", "killed, replaced", "replacement's first epoch"], rows)
+    return (statistics.median(r["undisturbed"] - r["killed"] for r in results),
+            statistics.median(r["undisturbed"] - r["restarted"] for r in results))
+
+
+TEST_DATA = """
+from nbdist.datasets import fashion_mnist
+_, (xt, yt) = fashion_mnist(limit=2000)
+xt = xt.astype("float32")[..., None] / 255
+"""
 
 
 def _samples_per_s(run, after: float) -> float:
@@ -101,18 +145,21 @@ EPOCHS = 4
 START_WAIT_S = 180
 
 
-def hfdt_part(trials: int, samples: int) -> float:
+def hfdt_part(trials: int, samples: int, accuracy_trials: int, epochs: int) -> dict:
     ip, session = notebook_shell()
     ip.run_line_magic("dist", "start -n 2")
     try:
         ip.run_cell_magic("distribute", "define", DEFINITION.format(samples=samples))
         results = [hfdt_trial(ip, session) for _ in range(trials)]
+        rows = [[i, f"{r['samples_per_s']:.0f}", r["step"], r["size"], f"{r['recovery_s']:.2f}"]
+                for i, r in enumerate(results)]
+        print_table(["trial", "samples/s of rank 0 after", "resumed at step", "ranks after", "kill -> next step s"],
+                    rows)
+        killed, restarted = accuracy_part(ip, session, accuracy_trials, epochs) if accuracy_trials else (None, None)
     finally:
         ip.run_line_magic("dist", "stop")
-    rows = [[i, f"{r['samples_per_s']:.0f}", r["step"], r["size"], f"{r['recovery_s']:.2f}"]
-            for i, r in enumerate(results)]
-    print_table(["trial", "samples/s of rank 0 after", "resumed at step", "ranks after", "kill -> next step s"], rows)
-    return statistics.median(r["recovery_s"] for r in results)
+    return {"recovery_s": statistics.median(r["recovery_s"] for r in results), "killed": killed,
+            "restarted": restarted}
 
 
 def main() -> int:
@@ -121,14 +168,19 @@ def main() -> int:
     parser.add_argument("--values", type=int, default=225_000)
     parser.add_argument("--hfdt-trials", type=int, default=3)
     parser.add_argument("--samples", type=int, default=6000)
+    parser.add_argument("--accuracy-trials", type=int, default=3)
+    parser.add_argument("--accuracy-epochs", type=int, default=8)
     args = parser.parse_args()
     results = [trial(args.values) for _ in range(args.trials)]
     rows = [[i, f"{r['live_s'] * 1000:.2f}", f"{r['restart_s']:.3f}", f"{r['recovery_s']:.3f}"]
             for i, r in enumerate(results)]
     print_table(["trial", "live push-pull ms", "restart (new process + checkpoint) s", "kill -> next push s"], rows)
-    hfdt = hfdt_part(args.hfdt_trials, args.samples)
+    hfdt = hfdt_part(args.hfdt_trials, args.samples, args.accuracy_trials, args.accuracy_epochs)
     print(f"RESULT ps_recovery_s={statistics.median(r['recovery_s'] for r in results):.3f}")
-    print(f"RESULT hfdt_recovery_s={hfdt:.2f}")
+    print(f"RESULT hfdt_recovery_s={hfdt['recovery_s']:.2f}")
+    if hfdt["killed"] is not None:
+        print(f"RESULT hfdt_accuracy_gap_killed={hfdt['killed']:.4f}")
+        print(f"RESULT hfdt_accuracy_gap_replaced={hfdt['restarted']:.4f}")
     return 0
 
 

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from tests.conftest import TRAIN
-from tests.support import eventually, new_engine
+from tests.support import eventually, new_engine, within
 
 pytestmark = pytest.mark.cluster
 
@@ -132,6 +132,26 @@ def test_an_engine_started_mid_run_joins_the_horovod_job_at_an_epoch_end_with_eq
                         "zip(r.results[r.workers[0]][-1].weights, r.results[e][-1].weights)))(nbdist.last_run)") <= 1e-6
     loss = kernel.value("history.history['loss']")
     assert loss[-1] < loss[0], loss
+
+
+def test_an_engine_started_after_a_death_takes_the_dead_ranks_shard_at_an_epoch_end(kernel, cluster):
+    victim, pid = new_engine(cluster)
+    kernel.run(f"%%distribute --strategy hfdt --background --targets 0,1,{victim}\n" + TRAIN.format(epochs=200),
+               timeout=120).check()
+    eventually(kernel, "all(nbdist.last_run.progress.get(e) for e in nbdist.last_run.workers)", timeout=120)
+    os.kill(pid, signal.SIGKILL)
+    within(lambda: victim not in cluster[1].ids, timeout=30)  # the hub let it go (1 s heartbeats)
+    newcomer, _ = new_engine(cluster)  # taken in once the survivors have re-formed, at an epoch's end after
+    eventually(kernel, f"(nbdist.last_run.progress.get({newcomer}) or {{}}).get('record')", timeout=180)
+    kernel.run("nbdist.last_run.stop()").check()  # every rank stops at the same step
+    kernel.run("%dist wait", timeout=120).check()
+    events = kernel.value("[(e['event'], e.get('engine'), e.get('size')) for e in nbdist.last_run.events "
+                          "if e['event'] in ('worker_died', 'recovered', 'worker_joined', 'grown')]")
+    assert sorted(map(tuple, events), key=str) == sorted(
+        [("worker_died", victim, None), ("recovered", victim, 2), ("worker_joined", newcomer, None),
+         ("grown", None, 3)], key=str), events
+    assert kernel.value("(lambda r: max(float(abs(a - b).max()) for e in (r.workers[1], r.workers[3]) for a, b in "
+                        "zip(r.results[r.workers[0]][-1].weights, r.results[e][-1].weights)))(nbdist.last_run)") <= 1e-6
 
 
 def test_an_engine_death_below_min_workers_fails_the_run_naming_it(kernel, cluster):

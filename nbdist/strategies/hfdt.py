@@ -95,7 +95,7 @@ class HfdtWorker(Worker):
                 user = self.user_callbacks(request)
                 restored = [ops.rank0_restore(hvd, model)] if joined is None and any(
                     type(c).__name__ == "BackupAndRestore" for c in user) else []  # a newcomer took rank 0's state
-                reporter = self.make_reporter(batches[self.rank])
+                reporter = self.make_reporter(batches[hvd.rank()])
                 if step is not None:  # the records' time: the run's start plus the virtual steps made
                     start, step_s = self.spec.get("cell_start") or 0.0, self._virtual_step_s(model, step, batches)
                     reporter.clock = lambda: start + reporter.steps * step_s
