@@ -10,6 +10,7 @@ import math
 import time
 from collections import deque
 
+from .report import event_lines
 from .strategies import strategy_names
 
 SCHEMA_VERSION = 1
@@ -90,6 +91,7 @@ def _run(run, sparklines: Sparklines) -> dict:
         "progress": run.progress_fraction, "error": run.error, "nodes": nodes,
         "stoppable": run.status == "running",
         "final": run.final_metrics if run.status == "done" else {},
+        "events": event_lines(run),
     }
 
 

@@ -67,3 +67,41 @@ def worker_table(run) -> str:
                      f"{last['samples_per_s']:,.0f}" if last.get("samples_per_s") else "-",
                      f"{sum(taus) / len(taus):.2f}" if taus else "-", state])
     return table(["rank", "engine", "host", "steps", "loss", "samples/s", "mean staleness", "state"], rows)
+
+
+def event_lines(run) -> list[str]:
+    """What happened to the run besides training (deaths, recoveries, engines that joined, restarts), one
+    sentence each in time order: printed under the cell, shown by the dashboard and the sidebar."""
+    lines = []
+    for event in sorted(run.events, key=lambda e: e["t"]):
+        say = EVENT_SENTENCES.get(event["event"])
+        if say is not None:
+            lines.append(say(event, run))
+    return lines
+
+
+def _first_epoch(event) -> str:
+    return "" if event.get("first_epoch") is None else f", training from epoch {event['first_epoch'] + 1}"
+
+
+EVENT_SENTENCES = {
+    "worker_died": lambda e, run: (f"worker rank {e['rank']} (engine {e['engine']}, host {e['host']}) died "
+                                   f"{e['after_s']:.1f} s into run {run.id}"),
+    "recovered": lambda e, run: (f"the survivors re-formed the Horovod job with {e['size']} rank(s) at step "
+                                 f"{e['step']}, training again {e['recovery_s']:.1f} s after engine {e['engine']} died"),
+    "stalled_rank_killed": lambda e, run: (f"rank {e['rank']} (engine {e['engine']}, host {e['host']}) did not reach "
+                                           f"a step the others waited in for {e['stall_timeout']:g} s "
+                                           "(--stall-timeout): treated as dead, its engine killed"),
+    "engine_restarted": lambda e, run: (f"engine {e['engine']} died and a new engine was started in its place "
+                                        "(--restart-engines)"),
+    "restart_failed": lambda e, run: f"engine {e['engine']} died and could not be replaced: {e['reason']}",
+    "worker_joined": lambda e, run: (f"engine {e['engine']} (host {e['host']}) joined run {run.id} as rank "
+                                     f"{e['rank']} {e['after_s']:.1f} s in{_first_epoch(e)}"),
+    "join_refused": lambda e, run: (f"engine {e['engine']} registered during run {run.id} and was not taken in: "
+                                    f"{e['reason']}"),
+    "grown": lambda e, run: (f"the Horovod job grew to {e['size']} ranks at the start of epoch {e['epoch'] + 1} "
+                             f"(step {e['step']})"),
+    "shard_restarted": lambda e, run: (f"parameter-server shard {e['shard']} died and was restarted from its "
+                                       f"checkpoint (version {e['version']}) in {e['recovery_s']:.1f} s; "
+                                       f"{e['restarts_left']} restart(s) left"),
+}

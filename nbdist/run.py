@@ -239,10 +239,8 @@ def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None, before
         pending = {eid: _submit(run, cluster, eid, rank, len(run.workers), config, control)
                    for rank, eid in enumerate(run.workers)}
         cluster.running(run.workers)
-        joins = None
-        if prepare_newcomer is not None and strategy.takes_newcomers:
-            joins = Newcomers(run, cluster, strategy, config, prepare_newcomer, lambda eid, rank, own: _submit(
-                run, cluster, eid, rank, rank + 1, own, control))
+        joins = Newcomers(run, cluster, strategy, config, prepare_newcomer, lambda eid, rank, own: _submit(
+            run, cluster, eid, rank, rank + 1, own, control)) if prepare_newcomer and strategy.takes_newcomers else None
         _wait(run, cluster, strategy, pending, on_progress, joins)
         run.status = "done"
     except KeyboardInterrupt:

@@ -324,30 +324,10 @@ class Session:
         return run
 
     def _conclude(self, run: runs.Run) -> None:
-        for event in run.events_of("worker_joined"):
-            print(f"nbdist: engine {event['engine']} (host {event['host']}) joined run {run.id} as rank "
-                  f"{event['rank']} {event['after_s']:.1f} s in" + (f", training from epoch {event['first_epoch'] + 1}"
-                                                                      if event.get("first_epoch") is not None else ""))
-        for event in run.events_of("stalled_rank_killed"):
-            print(f"nbdist: rank {event['rank']} (engine {event['engine']}, host {event['host']}) did not reach a "
-                  f"step the others waited in for {event['stall_timeout']:g} s (--stall-timeout); it was treated as "
-                  "dead (its engine killed) and the others went on.")
-        for event in run.events_of("engine_restarted"):
-            print(f"nbdist: engine {event['engine']} died and a new engine was started in its place "
-                  "(--restart-engines); it joined the run as it registered (above).")
-        for event in run.events_of("join_refused"):
-            print(f"nbdist: engine {event['engine']} registered during run {run.id} and was not taken in: "
-                  f"{event['reason']}.")
-        for event in run.events_of("grown"):
-            print(f"nbdist: the Horovod job grew to {event['size']} ranks at the start of epoch {event['epoch'] + 1} "
-                  f"(step {event['step']}).")
-        recovered = {e["engine"]: e for e in run.events_of("recovered")}
-        for event in run.events_of("worker_died"):
-            again = recovered.get(event["engine"])
-            how = (f"; the survivors re-formed the Horovod job with {again['size']} rank(s) at step {again['step']} "
-                   f"and trained again {again['recovery_s']:.1f} s after" if again else "")
-            print(f"nbdist: worker rank {event['rank']} (engine {event['engine']}, host {event['host']}) died "
-                  f"{event['after_s']:.1f} s into run {run.id}{how}; the run finished with the other workers.")
+        from .report import event_lines
+
+        for line in event_lines(run):
+            print(f"nbdist: {line}.")
         for note in run.notes:
             print(note)
         if run.virtual_step:

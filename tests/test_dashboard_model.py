@@ -168,3 +168,19 @@ def test_a_worker_that_joins_the_run_gets_its_traces_row_and_evict_choice():
     assert list(dashboard.trace("loss", 2).y) == [0.5] and dashboard.trace("loss", 2).name == "worker 2"
     assert [value for _, value in dashboard.controls.evict_choice.options] == [0, 1, 2]
     assert "<tr><td>2</td><td>7</td>" in dashboard._node_table(dashboard.run, now=101.5)
+
+
+def test_deaths_recoveries_and_joins_are_listed_under_the_controls_as_they_happen():
+    dashboard = dashboard_of("hfdt", status="running", started_at=100.0)
+    dashboard.run.events += [
+        {"t": 105.0, "event": "worker_died", "engine": 1, "rank": 1, "host": "h1", "after_s": 5.0},
+        {"t": 107.5, "event": "recovered", "engine": 1, "rank": 1, "size": 1, "step": 40, "recovery_s": 2.5},
+        {"t": 110.0, "event": "worker_joined", "engine": 4, "rank": 2, "host": "h2", "first_epoch": None,
+         "after_s": 10.0},
+        {"t": 111.0, "event": "control:pause", "value": None}]  # controls have their own acknowledgement line
+    dashboard.last_t = 0.0
+    dashboard(dashboard.run)
+    assert dashboard.events.value.count("<li>") == 3
+    assert "worker rank 1 (engine 1, host h1) died 5.0 s into run" in dashboard.events.value
+    assert "re-formed the Horovod job with 1 rank(s) at step 40, training again 2.5 s after" in dashboard.events.value
+    assert "engine 4 (host h2) joined run" in dashboard.events.value

@@ -19,6 +19,7 @@ def running_run() -> Run:
         run.progress[eid] = {"record": make_record(run=run.id, worker=run.workers.index(eid), t=101.0, loss=loss,
                                                    epoch=1, step=15),
                              "epochs": 4, "steps": 10, "batch": 5}
+    run.events.append({"t": 103.5, "event": "worker_died", "engine": 5, "rank": 1, "host": "b", "after_s": 3.5})
     return run
 
 
@@ -39,6 +40,7 @@ def test_snapshot_of_a_session_without_a_cluster_is_json():
     assert [n["host"] for n in run["nodes"]] == ["a", "b"]
     assert run["nodes"][0]["record"]["loss"] == 0.5 and run["nodes"][0]["losses"] == [0.5]
     assert run["nodes"][1]["record"]["loss"] is None  # NaN does not reach the front end
+    assert run["events"] == [f"worker rank 1 (engine 5, host b) died 3.5 s into run {run['id']}"]
 
 
 def test_sparklines_keep_each_new_record_once():

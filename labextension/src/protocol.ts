@@ -81,6 +81,8 @@ export interface IRun {
   nodes: INode[];
   stoppable: boolean;
   final: Record<string, number | null>;
+  /** What happened besides training (deaths, recoveries, engines that joined), one sentence each. */
+  events: string[];
 }
 
 export interface IStateMessage {

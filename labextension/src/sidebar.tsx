@@ -185,6 +185,13 @@ function RunView(props: { run: IRun; kernelTime: number; link: ILink }): React.R
       <progress className="jp-nbdist-progress" max={1} value={run.progress ?? 0} />
       {final ? <div className="jp-nbdist-final">{final}</div> : null}
       {run.error ? <div className="jp-nbdist-error">{run.error}</div> : null}
+      {run.events.length ? (
+        <ul className="jp-nbdist-events">
+          {run.events.map((line, i) => (
+            <li key={i}>{line}</li>
+          ))}
+        </ul>
+      ) : null}
       <table className="jp-nbdist-table jp-nbdist-nodes">
         <tbody>
           {run.nodes.map(node => (

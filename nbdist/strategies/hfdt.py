@@ -71,15 +71,11 @@ class HfdtWorker(Worker):
         try:
             data = shard_fit_data(request, *(self.config.get("shard") or (self.rank, self.size)), synchronous=True)
             build_for_training(model, data["x"])
-            joined = None
-            if self.config.get("joining"):  # an engine that joined the running run: at the ranks' next epoch end
-                joined = join_grown_job(self._join_job, control, model, self.config.pop("joining"), _left)
-                if joined is None:  # the run ended, or re-formed after a death, before it could take this in
-                    return request.run_plain(callbacks=[], verbose=0, **{**data, "epochs": 0})
-                hvd, data["initial_epoch"] = joined["hvd"], joined["initial_epoch"]
-            else:
-                hvd = self._init_horovod()
-                ops.broadcast_from_rank0(hvd, list(model.variables) + list(optimizer.variables))
+            hvd, joined = self._enter_job(model, control)
+            if hvd is None:  # a newcomer the run ended (or re-formed after a death) before it could take it in
+                return request.run_plain(callbacks=[], verbose=0, **{**data, "epochs": 0})
+            if joined is not None:
+                data["initial_epoch"] = joined["initial_epoch"]
             self.size = hvd.size()
             batch = request.samples_per_step or 32
             step = self._virtual_step_cost(hvd, model, data, batch)
@@ -95,19 +91,10 @@ class HfdtWorker(Worker):
                 user = self.user_callbacks(request)
                 restored = [ops.rank0_restore(hvd, model)] if joined is None and any(
                     type(c).__name__ == "BackupAndRestore" for c in user) else []  # a newcomer took rank 0's state
-                reporter = self.make_reporter(batches[hvd.rank()])
-                if step is not None:  # the records' time: the run's start plus the virtual steps made
-                    start, step_s = self.spec.get("cell_start") or 0.0, self._virtual_step_s(model, step, batches)
-                    reporter.clock = lambda: start + reporter.steps * step_s
-                per_step = ops.ring_allreduce_bytes(self.size, _gradient_bytes(model))
-                reporter.extra = lambda: {"bytes_sent": reporter.steps * per_step}
+                reporter, per_step = self._reporter(hvd, model, step, batches)
                 scaling = self._lr_callbacks(optimizer)
                 averager = ops.epoch_log_averager(hvd, weight)
-                survivor = Survivor(hvd, model, control, self._join_job, lambda size: [s.rescale(size) for s in scaling],
-                                    _left, StallWatch(_publish, float(self.values.get("stall_timeout") or 30)),
-                                    recover=bool(self.config.get("elastic")))
-                if joined is not None:
-                    survivor.generation, survivor.done = joined["generation"], joined["done"]
+                survivor = self._survivor(hvd, model, control, scaling, joined)
                 grows = elastic(survivor)
                 survivor.guard(averager, "on_epoch_end")
                 survivor.guard(grows, "on_epoch_end")
@@ -126,6 +113,37 @@ class HfdtWorker(Worker):
             control.close()
             if hvd is not None:
                 hvd.shutdown()
+
+    def _reporter(self, hvd, model, step, batches: list[int]):
+        """The metrics callback at this rank's batch (its time, on the virtual clock, the run's start plus the
+        virtual steps made), and the bytes one step's allreduce sends."""
+        reporter = self.make_reporter(batches[hvd.rank()])
+        if step is not None:
+            start, step_s = self.spec.get("cell_start") or 0.0, self._virtual_step_s(model, step, batches)
+            reporter.clock = lambda: start + reporter.steps * step_s
+        per_step = ops.ring_allreduce_bytes(self.size, _gradient_bytes(model))
+        reporter.extra = lambda: {"bytes_sent": reporter.steps * per_step}
+        return reporter, per_step
+
+    def _enter_job(self, model, control):
+        """(Horovod in the run's job with rank 0's weights and optimizer state, None); for an engine that
+        joined the running run, the larger job at the ranks' next epoch end and what it joined ({"generation",
+        "done", "initial_epoch"}); (None, None) when the kernel gave that join up."""
+        if self.config.get("joining"):
+            joined = join_grown_job(self._join_job, control, model, self.config.pop("joining"), _left)
+            return (None, None) if joined is None else (joined["hvd"], joined)
+        hvd = self._init_horovod()
+        ops.broadcast_from_rank0(hvd, list(model.variables) + list(model.optimizer.variables))
+        return hvd, None
+
+    def _survivor(self, hvd, model, control, scaling: list, joined: dict | None) -> Survivor:
+        """This rank's side of elastic runs and of the stall watch (a newcomer carries on the job's count)."""
+        survivor = Survivor(hvd, model, control, self._join_job, lambda size: [s.rescale(size) for s in scaling],
+                            _left, StallWatch(_publish, float(self.values.get("stall_timeout") or 30)),
+                            recover=bool(self.config.get("elastic")))
+        if joined is not None:
+            survivor.generation, survivor.done = joined["generation"], joined["done"]
+        return survivor
 
     def _init_horovod(self, slot: dict | None = None, port: int | None = None):
         """Join the run's Horovod job (or, elastic, the re-formed one at `port` in `slot`)."""

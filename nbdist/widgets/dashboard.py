@@ -22,6 +22,7 @@ from plotly.subplots import make_subplots
 
 from ..ashl.report import decisions
 from ..errors import NbdistError
+from ..report import event_lines
 from ..strategies import REGISTRY
 from .controls import WIDGETS, Controls
 from .panels import figures_of
@@ -72,11 +73,12 @@ class Dashboard:
         self.figure = go.FigureWidget(self._empty_figure())
         self.table = widgets.HTML()
         self.decisions = widgets.HTML()  # ASHL's allocations, phase switch and compression changes, with reasons
+        self.events = widgets.HTML()  # deaths, recoveries, engines that joined (nbdist.report.event_lines)
         self.controls = Controls(self.workers, self.reports.controls, self.act)
         for name in WIDGETS:  # d.pause_button, d.ack, ... as the dashboard's own
             setattr(self, name, getattr(self.controls, name))
         self.box = widgets.VBox([self.header, self.bar, self.controls.box, self.controls.ack, self.decisions,
-                                 self.figure, self.table])
+                                 self.events, self.figure, self.table])
         self.template = None
         self._follow_theme()
         self._listen_for_theme()
@@ -232,6 +234,10 @@ class Dashboard:
         lines = decisions(run)[-DECISIONS_SHOWN:] if "decisions" in self.reports.panels else []
         self.decisions.value = ("<b>decisions</b><pre style='margin:0'>" + html.escape("\n".join(lines)) + "</pre>"
                                 if lines else "")
+        happened = event_lines(run)
+        self.events.value = ("<b>events</b><ul style='margin:0'>" + "".join(f"<li>{html.escape(line)}</li>"
+                                                                           for line in happened) + "</ul>"
+                             if happened else "")
 
     def _header(self, run, now: float) -> str:
         done = run.progress_fraction or 0.0

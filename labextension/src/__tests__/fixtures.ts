@@ -27,6 +27,7 @@ export function run(overrides: Partial<IRun> = {}): IRun {
     ],
     stoppable: true,
     final: {},
+    events: [],
     ...overrides
   };
 }
