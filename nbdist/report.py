@@ -88,7 +88,8 @@ EVENT_SENTENCES = {
     "worker_died": lambda e, run: (f"worker rank {e['rank']} (engine {e['engine']}, host {e['host']}) died "
                                    f"{e['after_s']:.1f} s into run {run.id}"),
     "recovered": lambda e, run: (f"the survivors re-formed the Horovod job with {e['size']} rank(s) at step "
-                                 f"{e['step']}, training again {e['recovery_s']:.1f} s after engine {e['engine']} died"),
+                                 f"{e['step']}, training again {e['recovery_s']:.1f} s after engine {e['engine']} "
+                                 "died"),
     "stalled_rank_killed": lambda e, run: (f"rank {e['rank']} (engine {e['engine']}, host {e['host']}) did not reach "
                                            f"a step the others waited in for {e['stall_timeout']:g} s "
                                            "(--stall-timeout): treated as dead, its engine killed"),

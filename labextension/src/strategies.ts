@@ -13,5 +13,6 @@ export const DEFAULT_STRATEGIES = [
   'ssgd',
   'adsp',
   'ashl',
-  'pipeline'
+  'pipeline',
+  'tensor'
 ];

@@ -113,9 +113,11 @@ def _register_builtin() -> None:
     from .local import LocalStrategy
     from .nfdt import NfdtStrategy
     from .pipeline import PipelineStrategy
+    from .tensor import TensorStrategy
 
     STRATEGIES = (LocalStrategy, HfdtStrategy, NfdtStrategy, AsgdStrategy, DcAsgdStrategy, DcAsgdAdaptiveStrategy,
-                  DcAsgdKStrategy, DdcAsgdStrategy, SsgdStrategy, AdspStrategy, AshlStrategy, PipelineStrategy)
+                  DcAsgdKStrategy, DdcAsgdStrategy, SsgdStrategy, AdspStrategy, AshlStrategy, PipelineStrategy,
+                  TensorStrategy)
     for cls in STRATEGIES:
         register(cls)
 

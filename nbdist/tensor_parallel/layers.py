@@ -1,0 +1,154 @@
+"""The split layers of `tensor` and the collectives that join their slices (Horovod over Gloo).
+
+Every engine computes on the same batch. A column-split layer computes its slice of the output
+units; `gather_last` joins the slices (forward: allgather; backward: each engine keeps its own
+slice of the gradient, for everything after the gather is computed alike on every engine). A
+row-split Dense multiplies its slice of the input by its rows of the kernel; `reduce_sum` adds
+the partial products (forward: allreduce; backward: identity). `from_replicated` marks the input
+of a split layer (forward: identity; backward: the sum of every engine's partial input gradient).
+Each collective has a fixed name (`tag`), outside TensorFlow's name scope: Horovod matches tensors across
+engines by name, and the scope (``sequential_3/...``) counts the models an engine built before.
+"""
+
+from __future__ import annotations
+
+import keras
+
+
+def _hvd():
+    import horovod.tensorflow as hvd
+
+    return hvd
+
+
+def gather_last(x, tag: str):
+    """The engines' slices of `x`'s last axis, concatenated in rank order (on every engine)."""
+    import tensorflow as tf
+
+    @tf.custom_gradient
+    def run(x):
+        hvd = _hvd()
+        moved = tf.experimental.numpy.moveaxis(x, -1, 0)
+        gathered = hvd.allgather(moved, name=f"{tag}_gather", ignore_name_scope=True)
+        whole = tf.experimental.numpy.moveaxis(gathered, 0, -1)
+
+        def grad(dy):
+            return tf.split(dy, hvd.size(), axis=-1)[hvd.rank()]
+
+        return whole, grad
+
+    return run(x)
+
+
+def reduce_sum(x, tag: str):
+    """The sum of every engine's `x`."""
+    import tensorflow as tf
+
+    @tf.custom_gradient
+    def run(x):
+        return _hvd().allreduce(x, op=_hvd().Sum, name=f"{tag}_sum", ignore_name_scope=True), lambda dy: dy
+
+    return run(x)
+
+
+def from_replicated(x, tag: str):
+    """`x` as it is; its gradient summed over the engines (each holds the part its slice contributes)."""
+    import tensorflow as tf
+
+    @tf.custom_gradient
+    def run(x):
+        return tf.identity(x), lambda dy: _hvd().allreduce(dy, op=_hvd().Sum, name=f"{tag}_dx", ignore_name_scope=True)
+
+    return run(x)
+
+
+class _Split(keras.layers.Layer):
+    """What every split layer keeps: the original layer's config, this engine's rank and the size."""
+
+    def __init__(self, original: dict, rank: int, size: int, tag: str, gathers: bool = True, **kwargs):
+        super().__init__(name=original.get("name"), dtype=original.get("dtype"), **kwargs)
+        self.original, self.rank, self.size, self.tag, self.gathers = original, rank, size, tag, gathers
+        self.activation = keras.activations.get(original.get("activation") or "linear")
+        self.use_bias = bool(original.get("use_bias", False))
+
+    def get_config(self):
+        return {**super().get_config(), "original": self.original, "rank": self.rank, "size": self.size,
+                "tag": self.tag, "gathers": self.gathers}
+
+    def _finish(self, y):
+        """The gathered (or, handed on to a row-split layer, local) output, activated."""
+        if self.gathers:
+            y = gather_last(y, self.tag)
+        return self.activation(y)
+
+
+class ColumnParallelDense(_Split):
+    """`Dense` holding `units / size` of its output units (kernel columns and bias)."""
+
+    def build(self, input_shape):
+        local = self.original["units"] // self.size
+        self.kernel = self.add_weight(shape=(input_shape[-1], local), initializer="zeros", name="kernel")
+        self.bias = self.add_weight(shape=(local,), initializer="zeros", name="bias") if self.use_bias else None
+
+    def call(self, x):
+        y = keras.ops.matmul(from_replicated(x, self.tag), self.kernel)
+        return self._finish(y + self.bias if self.bias is not None else y)
+
+    def compute_output_shape(self, input_shape):
+        units = self.original["units"] if self.gathers else self.original["units"] // self.size
+        return (*input_shape[:-1], units)
+
+
+class RowParallelDense(_Split):
+    """`Dense` holding `inputs / size` of its kernel's rows; its input is the previous layer's slice."""
+
+    def build(self, input_shape):
+        units = self.original["units"]
+        self.kernel = self.add_weight(shape=(input_shape[-1], units), initializer="zeros", name="kernel")
+        self.bias = self.add_weight(shape=(units,), initializer="zeros", name="bias") if self.use_bias else None
+
+    def call(self, x):
+        y = reduce_sum(keras.ops.matmul(x, self.kernel), self.tag)
+        return self.activation(y + self.bias if self.bias is not None else y)
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape[:-1], self.original["units"])
+
+
+class SplitEmbedding(_Split):
+    """`Embedding` holding `output_dim / size` of every vector."""
+
+    def build(self, input_shape):
+        shape = (self.original["input_dim"], self.original["output_dim"] // self.size)
+        self.embeddings = self.add_weight(shape=shape, initializer="zeros", name="embeddings")
+
+    def call(self, ids):
+        return gather_last(keras.ops.take(self.embeddings, keras.ops.cast(ids, "int32"), axis=0), self.tag)
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape, self.original["output_dim"])
+
+
+class SplitConv2D(_Split):
+    """`Conv2D` holding `filters / size` of its filters (channels-last)."""
+
+    def build(self, input_shape):
+        height, width = self.original["kernel_size"]
+        local = self.original["filters"] // self.size
+        self.kernel = self.add_weight(shape=(height, width, input_shape[-1], local), initializer="zeros",
+                                      name="kernel")
+        self.bias = self.add_weight(shape=(local,), initializer="zeros", name="bias") if self.use_bias else None
+
+    def call(self, x):
+        o = self.original
+        y = keras.ops.conv(from_replicated(x, self.tag), self.kernel, strides=o["strides"], padding=o["padding"],
+                           dilation_rate=o["dilation_rate"])
+        return self._finish(y + self.bias if self.bias is not None else y)
+
+    def compute_output_shape(self, input_shape):
+        whole = keras.layers.Conv2D(**{k: v for k, v in self.original.items() if k != "name"})
+        return whole.compute_output_shape(input_shape)
+
+
+SPLIT_LAYERS = {"column": ColumnParallelDense, "row": RowParallelDense, "embedding": SplitEmbedding,
+                "conv": SplitConv2D}

@@ -1,0 +1,83 @@
+"""`tensor` on 2 real engines with real Horovod: the same weights and optimizer state as `local`, each engine
+holding half of every split kernel, and a dead engine named."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.support import idle_engines, new_engine
+
+pytestmark = pytest.mark.cluster
+
+MODELS = '''
+import numpy as np
+import keras
+_rng = np.random.RandomState(0)
+tx = _rng.rand(640, 64).astype("float32")
+tids = _rng.randint(0, 1000, (640, 8)).astype("int32")
+ty = _rng.randint(0, 10, 640)
+def mlp():
+    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu", name="big_1"),
+                             keras.layers.Dense(128, activation="relu", name="big_2"),
+                             keras.layers.Dense(10, activation="softmax", name="head")])
+def embedder():
+    return keras.Sequential([keras.Input((8,), dtype="int32"), keras.layers.Embedding(1000, 32, name="emb"),
+                             keras.layers.Flatten(name="flat"),
+                             keras.layers.Dense(10, activation="softmax", name="out")])
+'''
+
+CELL = '''
+model = {build}()
+model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+history = model.fit({x}, ty, batch_size=32, epochs={epochs}, steps_per_epoch={steps}, shuffle=False)
+'''
+
+DIFF = ("max(float(abs(a - b).max()) for a, b in zip(local_{what}, [np.asarray(v) for v in {expr}]))")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def models(kernel):
+    kernel.run("%%distribute define --name tensor_models\n" + MODELS, timeout=120).check()
+
+
+@pytest.mark.parametrize("build, x, split, shapes", [
+    ("mlp", "tx", {"big_1": "column", "big_2": "row", "head": "replicated"},
+     [[[64, 64], [64]], [[64, 128], [128]], [[128, 10], [10]]]),
+    ("embedder", "tids", {"emb": "embedding", "flat": "replicated", "out": "replicated"},
+     [[[1000, 16]], [], [[256, 10], [10]]]),
+])
+def test_twenty_steps_equal_local_and_each_engine_holds_half_of_every_split_kernel(kernel, cluster, build, x,
+                                                                                    split, shapes):
+    engines = idle_engines(cluster, 2)
+    cell = CELL.format(build=build, x=x, epochs=1, steps=20)
+    kernel.run(f"%%distribute --strategy local --seed 4 --targets {engines[0]}\n" + cell, timeout=180).check()
+    kernel.run("local_weights = [np.asarray(w) for w in model.get_weights()]; "
+               "local_slots = [np.asarray(v) for v in model.optimizer.variables]").check()
+    reply = kernel.run(f"%%distribute --strategy tensor --seed 4 --targets {','.join(map(str, engines))}\n" + cell,
+                       timeout=240).check()
+    assert "tensor split over 2 engines" in reply.stdout
+    assert kernel.value(DIFF.format(what="weights", expr="model.get_weights()")) <= 1e-5
+    assert kernel.value(DIFF.format(what="slots", expr="model.optimizer.variables")) <= 1e-5  # momentum, step
+    assert kernel.value("{e['name']: e['kind'] for e in nbdist.last_run.plan['layers']}") == split
+    held = kernel.value("[r[-1].timings['tensor']['shapes'] for r in nbdist.last_run.results.values()]")
+    assert held == [shapes, shapes]
+
+
+def test_a_dead_engine_fails_the_run_naming_it_and_the_cluster_serves_the_next_cell(kernel, cluster):
+    survivor = idle_engines(cluster, 1)[0]
+    victim, pid = new_engine(cluster)
+    msg_id = kernel.submit(f"%%distribute --strategy tensor --targets {survivor},{victim}\n"
+                           + CELL.format(build="mlp", x="tx", epochs=2000, steps="None"))
+    kernel.collect(msg_id, timeout=180, until_output="step")
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.time()
+    reply = kernel.collect(msg_id, timeout=60)
+    assert reply.ename == "EngineDied" and f"engine {victim} (host " in reply.evalue, reply.error_text
+    assert time.time() - killed_at <= 30
+    kernel.run(f"%%distribute --strategy tensor --targets {','.join(map(str, idle_engines(cluster, 2)))}\n"
+               + CELL.format(build="mlp", x="tx", epochs=1, steps=2), timeout=180).check()
