@@ -16,13 +16,8 @@ from nbdist.experiments import notebook_shell  # noqa: F401 (the benchmarks' she
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-# Runs in the notebook, on the engines (as a definition cell) and in plain scripts alike.
-DEFINITION = textwrap.dedent('''
-    import time, keras
-    from nbdist.datasets import fashion_mnist
-    (x, y), _ = fashion_mnist(limit={samples})
-    x = x.astype("float32")[..., None] / 255
-
+# A callback every benchmark cell times its epochs with (after `import time, keras`).
+EPOCH_TIMER = textwrap.dedent('''
     class EpochTimer(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
             self.seconds = []
@@ -30,7 +25,14 @@ DEFINITION = textwrap.dedent('''
             self._t = time.perf_counter()
         def on_epoch_end(self, epoch, logs=None):
             self.seconds.append(time.perf_counter() - self._t)
-
+''')
+# Runs in the notebook, on the engines (as a definition cell) and in plain scripts alike.
+DEFINITION = textwrap.dedent('''
+    import time, keras
+    from nbdist.datasets import fashion_mnist
+    (x, y), _ = fashion_mnist(limit={samples})
+    x = x.astype("float32")[..., None] / 255
+''') + EPOCH_TIMER + textwrap.dedent('''
     def build():
         return keras.Sequential([
             keras.Input((28, 28, 1)),

@@ -21,7 +21,7 @@ import statistics
 import sys
 import textwrap
 
-from common import notebook_shell, print_table
+from common import EPOCH_TIMER, notebook_shell, print_table
 
 DEFINITION = textwrap.dedent('''
     import time, keras
@@ -29,15 +29,7 @@ DEFINITION = textwrap.dedent('''
     from nbdist.datasets import fashion_mnist
     (x, y), _ = fashion_mnist(limit={samples})
     x = x.reshape(len(x), -1).astype("float32") / 255
-
-    class EpochTimer(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            self.seconds = []
-        def on_epoch_begin(self, epoch, logs=None):
-            self._t = time.perf_counter()
-        def on_epoch_end(self, epoch, logs=None):
-            self.seconds.append(time.perf_counter() - self._t)
-
+''') + EPOCH_TIMER + textwrap.dedent('''
     def wide():
         return keras.Sequential([keras.Input((784,)), keras.layers.Dense(1024, activation="relu", name="wide_1"),
                                  keras.layers.Dense(1024, activation="relu", name="wide_2"),
