@@ -13,7 +13,6 @@ import numpy as np
 
 from .. import optimizer_state
 from ..errors import OptionError
-from .layers import SPLIT_LAYERS
 from .plan import AXES
 
 
@@ -26,6 +25,8 @@ def _slice(array: np.ndarray, axis: int | None, rank: int, size: int) -> np.ndar
 def parallel_model(model, plan: list[dict], rank: int, size: int):
     """This engine's model: the cell's layers, split ones replaced by their slices; compiled like the cell's."""
     import keras
+
+    from .layers import SPLIT_LAYERS  # defines Keras layers: imported here, so nbdist never imports TensorFlow early
 
     by_name = {entry["name"]: (i, entry) for i, entry in enumerate(plan)}
 
