@@ -16,7 +16,7 @@ from .shard import CONTROLLER
 NON_TRAINABLE = "n"  # the prefix of a non-trainable variable's name (strategies.parameter_server.variable_names)
 
 MONITOR_INTERVAL_S = 1.0
-MONITOR_TIMEOUT_S = 5.0  # the monitor's own requests (heartbeat, checkpoint) are answered at once by a live shard
+MONITOR_TIMEOUT_S = 10.0  # a live shard answers the monitor at once, but a loaded host can stall it for seconds
 ENGINE_CALL_TIMEOUT_S = 60
 
 
