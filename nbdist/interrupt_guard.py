@@ -3,7 +3,7 @@
 When a run fails or is stopped, the kernel interrupts (SIGINT) the workers it still sees running.
 A worker that finishes at that moment is already in ipyparallel's own code sending its reply;
 a KeyboardInterrupt there loses the reply, and the hub then counts the engine busy for ever.
-So while a training cell runs, SIGINT raises KeyboardInterrupt as usual; for `LATE_S` after it
+So while a training cell runs, SIGINT raises KeyboardInterrupt as usual; for `LIMITS.late_interrupt_s` after it
 ends, SIGINT is ignored; after that the engine's own handler has it again.
 """
 
@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 
-LATE_S = 5.0  # the kernel signals within a poll (0.25 s) of seeing a worker still running
+from .limits import LIMITS
 
 
 class _State:
@@ -29,7 +29,7 @@ _state = _State()
 def _handle(signum, frame):
     if _state.active:
         raise KeyboardInterrupt
-    if time.monotonic() - _state.ended_at < LATE_S:
+    if time.monotonic() - _state.ended_at < LIMITS.late_interrupt_s:
         return  # late: the run it was meant for has ended
     previous = _state.previous
     if callable(previous):

@@ -31,13 +31,9 @@ import threading
 import time
 import weakref
 
+from .limits import LIMITS
+
 POLL_S = 0.2
-RELEASE_WAIT_S = 5.0  # how long `stop` waits for the watcher to exit after "release"
-SHARD_GRACE_S = 2.0  # tracked processes get this long after SIGTERM before SIGKILL
-KILL_AFTER_S = 2  # ipyparallel's stop_seconds_until_kill for nbdist's clusters (its default: 5)
-REAP_WAIT_S = 5  # ... and its stop_timeout, the wait after SIGKILL (default 60: an init that is slow to
-# reap an orphan's zombie would keep a watcher waiting that long)
-ENGINE_RELEASE_TIMEOUT_S = 10.0
 RECORD_GLOB = "profile_*/security/nbdist-*.json"
 
 _active: weakref.WeakSet = weakref.WeakSet()  # the lifelines of this process
@@ -135,10 +131,10 @@ class Lifeline:
             except OSError:
                 pass
         try:
-            self.process.wait(RELEASE_WAIT_S)
+            self.process.wait(LIMITS.lifeline_release_s)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            self.process.wait(RELEASE_WAIT_S)
+            self.process.wait(LIMITS.lifeline_release_s)
         if self.record:
             _remove(self.record)
 
@@ -307,10 +303,11 @@ def _kill(pid, started: float | None = None, sig=signal.SIGKILL) -> None:
 
 
 def kill_after_config():
-    """Launcher config: a process that ignores SIGTERM is killed after `KILL_AFTER_S`."""
+    """Launcher config: a process that ignores SIGTERM is killed after `LIMITS.launcher_kill_after_s`."""
     from traitlets.config import Config
 
-    return Config({"LocalProcessLauncher": {"stop_seconds_until_kill": KILL_AFTER_S, "stop_timeout": REAP_WAIT_S}})
+    return Config({"LocalProcessLauncher": {"stop_seconds_until_kill": LIMITS.launcher_kill_after_s,
+                                            "stop_timeout": LIMITS.launcher_reap_s}})
 
 
 def halt(cluster) -> None:
@@ -335,7 +332,7 @@ def halt(cluster) -> None:
                 launcher.signal(sig)
             except Exception:  # gone already; stop_cluster deals with the rest
                 pass
-    deadline = time.time() + KILL_AFTER_S
+    deadline = time.time() + LIMITS.launcher_kill_after_s
     while time.time() < deadline and any(_alive(p.pid, p.create_time()) for p in local):
         time.sleep(0.05)
     for process in local:
@@ -435,7 +432,7 @@ def watch(parent: int, cluster_file: str | None, record: str | None, release: di
         _stop_cluster(cluster_file)
     if release is not None:
         _release_engines(release, sorted(busy))
-    deadline = time.time() + SHARD_GRACE_S
+    deadline = time.time() + LIMITS.shard_term_grace_s
     while any(_alive(pid, started) for pid, started in tracked.items()) and time.time() < deadline:
         time.sleep(POLL_S)
     for pid, started in tracked.items():
@@ -453,7 +450,7 @@ def _release_engines(where: dict, busy: list[int] = ()) -> None:
     from . import engine
 
     try:
-        client = ipp.Client(timeout=ENGINE_RELEASE_TIMEOUT_S, **{k: v for k, v in where.items() if v})
+        client = ipp.Client(timeout=LIMITS.watcher_release_s, **{k: v for k, v in where.items() if v})
     except Exception as exc:
         _warn(f"could not reach the cluster to release it: {exc!r}")
         return
@@ -462,7 +459,7 @@ def _release_engines(where: dict, busy: list[int] = ()) -> None:
         if interrupted:  # a training cell of a kernel that is gone would otherwise hold them to its end
             client.send_signal(signal.SIGINT, targets=interrupted, block=True)
         if client.ids:
-            client[:].apply_async(engine.release).get(timeout=ENGINE_RELEASE_TIMEOUT_S)
+            client[:].apply_async(engine.release).get(timeout=LIMITS.watcher_release_s)
     except Exception as exc:  # a busy engine runs the release when its task ends
         _warn(f"releasing the engines: {exc!r}")
     finally:

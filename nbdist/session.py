@@ -6,14 +6,13 @@ import hashlib
 import time
 from dataclasses import dataclass
 
-from . import bring, engine, lifeline, run as runs
+from . import bring, engine, lifeline
+from . import run as runs
 from .cluster import ClusterHandle
 from .errors import ClusterError, DefinitionFailed, NbdistError, OptionError
 from .keras_bridge import install_result, intercept_fit
+from .limits import LIMITS
 from .strategies import make_strategy
-
-DEFINITION_TIMEOUT_S = 300
-REGISTRATION_GRACE_S = 5.0
 
 
 @dataclass
@@ -52,9 +51,11 @@ class Session:
         return self.runs[-1] if self.runs else None
 
     # -- cluster -------------------------------------------------------------------------
-    def start(self, n: int, engines: str = "local", profile: str | None = None) -> ClusterHandle:
+    def start(self, n: int, engines: str = "local", profile: str | None = None,
+              threads: int | str | None = None) -> ClusterHandle:
+        """`%dist start`; `threads`: each engine's TensorFlow threads (None: its share of its host's cores)."""
         self.stop()
-        self.cluster = ClusterHandle.start(n, engines, profile)
+        self.cluster = ClusterHandle.start(n, engines, profile, threads=threads)
         self.cluster.refresh()
         self.changed("cluster")
         return self.cluster
@@ -65,9 +66,10 @@ class Session:
         self.changed("cluster")
         return added
 
-    def connect(self, **where) -> ClusterHandle:
+    def connect(self, threads: int | str | None = None, **where) -> ClusterHandle:
+        """`%dist connect`; `threads` as in `start`, for engines whose TensorFlow has not started yet."""
         self.stop()
-        self.cluster = ClusterHandle.connect(**where)
+        self.cluster = ClusterHandle.connect(**where, threads=threads)
         self.cluster.refresh()
         self.changed("cluster")
         return self.cluster
@@ -114,7 +116,7 @@ class Session:
             return
         cluster = self.require_cluster()
         have = {eid: cluster.client[eid].apply_async(engine.definition_digests) for eid in engine_ids}
-        have = {eid: ar.get(timeout=DEFINITION_TIMEOUT_S) for eid, ar in have.items()}
+        have = {eid: ar.get(timeout=LIMITS.definition_s) for eid, ar in have.items()}
         for definition in sorted(self.definitions.values(), key=lambda d: d.index):
             targets = [eid for eid in engine_ids if have[eid].get(definition.key) != definition.digest]
             calls = {eid: cluster.client[eid].apply_async(
@@ -138,7 +140,7 @@ class Session:
         cluster = self.require_cluster()
         states = {name: model_sync.ModelState.of(model) for name, model in used.items()}
         have = {eid: cluster.client[eid].apply_async(model_sync.digests, list(used)) for eid in engine_ids}
-        have = {eid: ar.get(timeout=DEFINITION_TIMEOUT_S) for eid, ar in have.items()}
+        have = {eid: ar.get(timeout=LIMITS.definition_s) for eid, ar in have.items()}
         calls = []
         for name, state in states.items():
             digest, blob = state.digest(), None
@@ -222,7 +224,7 @@ class Session:
         import ipyparallel as ipp
 
         try:
-            ar.get(timeout=DEFINITION_TIMEOUT_S)
+            ar.get(timeout=LIMITS.definition_s)
         except ipp.error.RemoteError as exc:
             raise DefinitionFailed(
                 f"the notebook's model could not be given to {cluster.info(eid).label()}: {exc.ename}: {exc.evalue}. "
@@ -235,7 +237,7 @@ class Session:
         import ipyparallel as ipp
 
         try:
-            ar.get(timeout=DEFINITION_TIMEOUT_S)
+            ar.get(timeout=LIMITS.definition_s)
         except ipp.error.RemoteError as exc:
             raise DefinitionFailed(
                 f"definition cell {definition.index} failed on {cluster.info(eid).label()}: "
@@ -243,7 +245,7 @@ class Session:
                 "and re-run the training cell.", runs.user_frames(exc.traceback or "")) from None
         except TimeoutError:
             raise DefinitionFailed(
-                f"definition cell {definition.index} did not finish within {DEFINITION_TIMEOUT_S} s on "
+                f"definition cell {definition.index} did not finish within {LIMITS.definition_s} s on "
                 f"{cluster.info(eid).label()}.") from None
 
     # -- training cells ------------------------------------------------------------------
@@ -296,7 +298,7 @@ class Session:
     def _choose_workers(strategy, cluster, options) -> list[int]:
         """The run's engines; engines started a moment ago get a few seconds to reach this client."""
         targets = _parse_targets(options.get("targets"))
-        deadline = time.time() + REGISTRATION_GRACE_S
+        deadline = time.time() + LIMITS.registration_grace_s
         while True:
             ids = set(cluster.ids())  # the hub lists a killed engine for a while: its process is checked too
             available = sorted(e for e in ids - cluster.busy() if cluster.is_alive(e, ids))

@@ -8,6 +8,7 @@ import signal
 import pytest
 
 from nbdist import interrupt_guard
+from nbdist.limits import LIMITS
 
 
 @pytest.fixture
@@ -35,6 +36,6 @@ def test_a_late_sigint_is_dropped_then_the_engines_own_handler_has_it_again(guar
         pass
     interrupt()  # just after the cell: meant for a run that has ended, it would break the engine's reply
     assert seen == []
-    monkeypatch.setattr(guard._state, "ended_at", guard._state.ended_at - guard.LATE_S)
+    monkeypatch.setattr(guard._state, "ended_at", guard._state.ended_at - LIMITS.late_interrupt_s)
     interrupt()
     assert seen == [signal.SIGINT]

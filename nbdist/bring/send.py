@@ -14,9 +14,8 @@ import numpy as np
 
 from .. import engine
 from ..errors import DefinitionFailed
+from ..limits import LIMITS
 from .plan import Item
-
-TIMEOUT_S = 300
 
 
 def digest_of(value) -> tuple[str, bytes | None]:
@@ -93,13 +92,13 @@ def _gather(cluster, calls: dict, item: Item | None = None) -> dict:
     out = {}
     for eid, call in calls.items():
         try:
-            out[eid] = call.get(timeout=TIMEOUT_S)
+            out[eid] = call.get(timeout=LIMITS.bring_s)
         except ipp.error.RemoteError as exc:
             what = f"`{item.name}` (from cell [{item.cell}])" if item is not None else "nbdist's state"
             raise DefinitionFailed(f"bringing {what} to {cluster.info(eid).label()} failed: {exc.ename}: "
                                    f"{exc.evalue}. Put the cell that defines it under %%distribute define, or "
                                    "install what it imports on that host.") from None
         except TimeoutError:
-            raise DefinitionFailed(f"bringing data to {cluster.info(eid).label()} took more than {TIMEOUT_S} s.") \
-                from None
+            raise DefinitionFailed(f"bringing data to {cluster.info(eid).label()} took more than "
+                                   f"{LIMITS.bring_s} s.") from None
     return out

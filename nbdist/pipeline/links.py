@@ -16,9 +16,9 @@ import time
 import numpy as np
 
 from ..errors import ClusterError
+from ..limits import LIMITS
 from ..ps import wire
 
-SILENCE_S = 60.0
 POLL_MS = 200
 FLUSH_MS = 5000  # a closing stage's sends get this long to leave (a dead neighbour does not hold it longer)
 
@@ -82,7 +82,7 @@ class StageLinks:
 
         self.key = bytes.fromhex(spec["key"])
         self.rank, self.engines, self.paused = rank, engines, paused
-        self.silence_s = float(spec.get("silence_s", SILENCE_S))
+        self.silence_s = float(spec.get("silence_s", LIMITS.stage_silence_s))
         self._context = zmq.Context()
         self._inbox = self._context.socket(zmq.PULL)
         self._inbox.setsockopt(zmq.LINGER, 0)

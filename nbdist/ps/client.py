@@ -14,10 +14,10 @@ import numpy as np
 import zmq
 
 from ..errors import NbdistError
+from ..limits import LIMITS
 from . import wire
 
 PING_INTERVAL_S = 0.5
-PS_TIMEOUT_S = 10.0
 
 
 class PsUnavailable(NbdistError):
@@ -44,7 +44,7 @@ class PsClient:
     """
 
     def __init__(self, addresses: list[str], key: bytes, worker, heartbeat: bool = True,
-                 ps_timeout_s: float = PS_TIMEOUT_S):
+                 ps_timeout_s: float = LIMITS.ps_reply_s):
         self.addresses, self.key, self.worker, self.ps_timeout_s = list(addresses), key, worker, ps_timeout_s
         self.context = zmq.Context()
         self.sockets = [self._connect(a) for a in self.addresses]

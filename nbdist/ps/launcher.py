@@ -10,9 +10,8 @@ import threading
 
 from .. import lifeline
 from ..errors import ClusterError
+from ..limits import LIMITS
 from ..netroute import local_ip_towards
-
-START_TIMEOUT_S = 60
 
 _started_here: dict[int, subprocess.Popen] = {}  # pid -> process, in whichever process called start_shard
 
@@ -31,7 +30,7 @@ def start_shard(config: dict, key: bytes, log_path: str | None = None) -> dict:
                                stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     process.stdin.write((json.dumps({**config, "key": key.hex()}) + "\n").encode())
     process.stdin.close()
-    line = _read_line(process, START_TIMEOUT_S)
+    line = _read_line(process, LIMITS.shard_start_s)
     if not line.startswith("READY "):
         process.kill()
         raise ClusterError(f"parameter-server shard {config.get('shard')} did not start on {socket.gethostname()} "

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-START_WAIT_S = 120.0  # the start barrier waits this long for a worker's first push
+from ..limits import LIMITS
 
 
 class ReleasePolicy:
@@ -28,7 +28,7 @@ class ReleasePolicy:
     The start barrier (every asynchronous policy): no push is applied before every live worker has
     pushed once (traced and run its train step), so the order in which engines finish tracing cannot
     make first gradients hundreds of versions stale. A worker that has not pushed within
-    `START_WAIT_S` of the first push is reported (event `latecomer`) and not waited for.
+    `LIMITS.start_barrier_s` of the first push is reported (event `latecomer`) and not waited for.
     """
 
     name = "immediate"
@@ -48,11 +48,11 @@ class ReleasePolicy:
         if self.barrier_open:
             return False
         missing = [k for k in shard.live() if k not in self.started]
-        if missing and time.time() - self.first_push <= START_WAIT_S:
+        if missing and time.time() - self.first_push <= LIMITS.start_barrier_s:
             return True
         for worker in missing:
-            shard.events.append({"t": time.time(), "event": "latecomer", "worker": worker,
-                                 "reason": f"no push within {START_WAIT_S:.0f} s of the first; not waited for"})
+            shard.events.append({"t": time.time(), "event": "latecomer", "worker": worker, "reason":
+                                 f"no push within {LIMITS.start_barrier_s:.0f} s of the first; not waited for"})
         self.barrier_open = True
         return False
 

@@ -9,15 +9,14 @@ import time
 from dataclasses import dataclass
 
 from ..errors import NbdistError
+from ..limits import LIMITS
 from . import checkpoint, launcher, wire
-from .client import PS_TIMEOUT_S, PsClient, PsUnavailable, merged
+from .client import PsClient, PsUnavailable, merged
 from .shard import CONTROLLER
 
 NON_TRAINABLE = "n"  # the prefix of a non-trainable variable's name (strategies.parameter_server.variable_names)
 
 MONITOR_INTERVAL_S = 1.0
-MONITOR_TIMEOUT_S = 10.0  # a live shard answers the monitor at once, but a loaded host can stall it for seconds
-ENGINE_CALL_TIMEOUT_S = 60
 
 
 @dataclass
@@ -71,7 +70,7 @@ class PsService:
             if engines:
                 eid = engines[i % len(engines)]
                 started = cluster.client[eid].apply_async(launcher.start_shard_towards, config, self.key, bind)
-                info = started.get(timeout=ENGINE_CALL_TIMEOUT_S)
+                info = started.get(timeout=LIMITS.shard_engine_call_s)
             else:
                 eid = None
                 info = launcher.start_shard({**config, "bind": bind}, self.key, self.shard_log(i))
@@ -117,7 +116,7 @@ class PsService:
 
     def drop(self, worker: int) -> None:
         """The kernel saw `worker`'s engine die: no shard waits for it any more (its heartbeat would stop
-        only after HEARTBEAT_TIMEOUT_S, and one that never talked would be waited for at the epoch's end)."""
+        only after LIMITS.shard_worker_silence_s, and one that never talked would be waited for at the epoch's end)."""
         with self._client() as client:
             client.request("drop", worker_id=worker)
 
@@ -170,17 +169,17 @@ class PsService:
             elif cluster is not None and shard.engine in cluster.ids():
                 try:
                     cluster.client[shard.engine].apply_async(launcher.stop_shard, shard.pid).get(
-                        timeout=ENGINE_CALL_TIMEOUT_S)
+                        timeout=LIMITS.shard_engine_call_s)
                 except Exception:  # the engine died with its shard: nothing left to stop
                     pass
 
     # -- health and checkpoints ------------------------------------------------------------
-    def _client(self, ps_timeout_s: float = PS_TIMEOUT_S) -> PsClient:
+    def _client(self, ps_timeout_s: float = LIMITS.ps_reply_s) -> PsClient:
         return PsClient(self.addresses, self.key, CONTROLLER, heartbeat=False, ps_timeout_s=ps_timeout_s)
 
     def _watch(self) -> None:
         next_checkpoint = time.time() + self.checkpoint_every_s
-        client = self._client(MONITOR_TIMEOUT_S)
+        client = self._client(LIMITS.ps_monitor_s)
         try:
             while not self._stop.wait(MONITOR_INTERVAL_S):
                 self._check_processes()  # restarts a dead shard, or raises
@@ -193,7 +192,7 @@ class PsService:
                     if not self._exited():
                         raise
                     client.close()  # the shard died while asked: the next round restarts it
-                    client = self._client(MONITOR_TIMEOUT_S)
+                    client = self._client(LIMITS.ps_monitor_s)
         except (PsUnavailable, NbdistError) as exc:
             self.failure = self.failure or str(exc)
         finally:

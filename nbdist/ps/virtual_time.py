@@ -6,7 +6,7 @@ can still deliver an earlier one (conservative discrete-event ordering, as in a 
 discrete-event simulator): every other live worker either has a push waiting that comes later
 (ties broken by rank), or cannot reach the PS before it (its last reply's time plus its gap is
 later), or waits at the epoch's end. Replies carry the virtual instant they leave the PS. A
-worker that has not pushed once within `LATECOMER_S` real seconds of the first push is
+worker that has not pushed once within `LIMITS.start_barrier_s` real seconds of the first push is
 reported and no longer waited for.
 """
 
@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import time
 
+from ..limits import LIMITS
 from .release import BoundedStaleness, ReleasePolicy, SynchronousRounds
-
-LATECOMER_S = 120.0
 
 
 class WorkerTimes:
@@ -46,10 +45,10 @@ class WorkerTimes:
             return False  # at an epoch's end: its next push follows the barrier, after every pending one
         earliest = self.earliest_possible(worker)
         if earliest is None:
-            if self.first_push is not None and time.time() - self.first_push > LATECOMER_S:
+            if self.first_push is not None and time.time() - self.first_push > LIMITS.start_barrier_s:
                 self.latecomers.add(worker)
-                shard.events.append({"t": time.time(), "event": "latecomer", "worker": worker,
-                                     "reason": f"no push within {LATECOMER_S:.0f} s of the first; not waited for"})
+                shard.events.append({"t": time.time(), "event": "latecomer", "worker": worker, "reason":
+                                     f"no push within {LIMITS.start_barrier_s:.0f} s of the first; not waited for"})
                 return False
             return True
         return earliest < t or (earliest == t and worker < rank)

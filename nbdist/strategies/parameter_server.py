@@ -27,9 +27,10 @@ from .. import optimizer_state
 from ..errors import NbdistError, OptionError, ParameterServerFailed
 from ..hetero import Profile, Slowdown, StepCost, parse_clock, parse_simulate
 from ..keras_bridge import apply_gradients_restored, build_for_training
+from ..limits import LIMITS
 from ..netroute import address_towards_cluster
 from ..ps import checkpoint, delay, rules
-from ..ps.client import PS_TIMEOUT_S, PsClient, merged
+from ..ps.client import PsClient, merged
 from ..ps.exchange import PushPull
 from ..ps.partition import partition
 from ..ps.service import PsService
@@ -38,9 +39,6 @@ from ..virtual_clock import VirtualClock, measure_step_cost
 from . import options as opt
 from .base import Reports, Strategy, Worker
 from .ps_callbacks import epoch_agreement, follow_learning_rate, restore_best_weights, stop_when_asked
-
-
-RESTART_WAIT_S = 30.0  # how long a worker waits for a silent shard when the kernel may restart it
 
 
 class PsWorker(Worker):
@@ -58,7 +56,8 @@ class PsWorker(Worker):
         names = variable_names(model)["trainable"]
         plan = partition({n: int(np.prod(v.shape)) for n, v in zip(names, variables)}, len(self.config["shards"]))
         client = PsClient(self.config["shards"], bytes.fromhex(self.config["key"]), self.rank,
-                          ps_timeout_s=RESTART_WAIT_S if self.config.get("ps_restarts") else PS_TIMEOUT_S)
+                          ps_timeout_s=LIMITS.ps_restart_wait_s if self.config.get("ps_restarts")
+                          else LIMITS.ps_reply_s)
         exchange = self.exchange_class(client, plan, names, request.samples_per_step, Slowdown(self.simulated))
         user = self.user_callbacks(request)
         try:
