@@ -40,3 +40,14 @@ def test_no_stall_while_no_rank_waits_or_every_rank_does_or_the_others_may_still
     # rank 0 has waited 40 s of a 30 s timeout: rank 1 may have entered 15 s after it and not have said so yet
     recent = {WAITING_KEY: {"since": time.time() - 40, "unit": 1}}
     assert stalled(SimpleNamespace(hosts={}, progress={0: recent}), [0, 1], 30) is None
+
+
+def test_a_unit_entered_untimed_is_never_watched():
+    watch = StallWatch(lambda data: None, timeout_s=0.0)
+    try:
+        watch.entering(0, timed=False)  # a job's first unit: every rank traces its train step there
+        assert watch.entered is None and watch.unit == 0
+        watch.entering(1)
+        assert watch.entered is not None
+    finally:
+        watch.stop()

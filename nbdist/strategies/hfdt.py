@@ -8,26 +8,28 @@ done with `grouped_allreduce` because `horovod.keras` does not work with Keras 3
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
 import time
 
+from .. import balance
 from ..errors import ClusterError, CollectiveStalled, EngineDied
 from ..fused_steps import fused_steps
 from ..hetero import Slowdown, parse_clock, parse_simulate
 from ..keras_bridge import apply_gradients_restored, build_for_training
+from ..limits import LIMITS
 from ..netroute import address_towards_cluster, interface_towards
 from ..rendezvous import Rendezvous, host_plan, require_horovod
 from ..sharding import shard_fit_data
 from ..step_timer import StepTimer
-from .. import balance
 from . import horovod_ops as ops
 from .base import Option, Reports, Strategy, Worker
 from .control_step import stop_when_stopped
-from .hfdt_elastic import GLOO_TIMEOUT_S, LEFT_KEY, REFORM_WAIT_S, Survivor, elastic, join_grown_job
-from .stall_watch import StallWatch, missing_ranks, stalled
+from .hfdt_elastic import LEFT_KEY, Survivor, elastic, join_grown_job
 from .options import ELASTIC, SIMULATE
+from .stall_watch import StallWatch, missing_ranks, stalled
 
 COMPRESSION = Option("--compression", "gradient compression on the allreduce: none or fp16", default="none",
                      choices=("none", "fp16"))
@@ -172,7 +174,7 @@ class HfdtWorker(Worker):
         os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", "30")
         os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "60")
         if self.config.get("elastic"):  # a dead peer is noticed in seconds, so the survivors re-form soon
-            os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(GLOO_TIMEOUT_S))
+            os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(math.ceil(LIMITS.gloo_peer_s)))
         hvd.init()
         if (hvd.rank(), hvd.size()) != (slot["rank"], slot["size"]):
             raise ClusterError(f"Horovod gave rank {hvd.rank()}/{hvd.size()}, expected {slot['rank']}/{slot['size']}")
@@ -422,7 +424,8 @@ class HfdtStrategy(Strategy):
         broken one (bounded)."""
         if self.abandoned is not None:
             gone = self.abandoned
-            if all(e in run.results for e in gone["survivors"]) or time.time() - gone["since"] > REFORM_WAIT_S:
+            left = all(e in run.results for e in gone["survivors"])
+            if left or time.time() - gone["since"] > LIMITS.reform_s:
                 raise EngineDied(f"{gone['dead']} died during run {run.id}, leaving fewer ranks than --min-workers "
                                  f"{self.value('min_workers')}; the run was stopped. nbdist.last_run.weights holds "
                                  "the weights of its last completed step (model.set_weights(nbdist.last_run.weights) "
@@ -438,8 +441,8 @@ class HfdtStrategy(Strategy):
         if not waiting:
             self.bus.send("reform", pending["job"])
             self.reforming = None
-        elif time.time() - pending["since"] > REFORM_WAIT_S:
-            raise EngineDied(f"engine(s) {waiting} did not leave the broken Horovod job within {REFORM_WAIT_S} s "
+        elif time.time() - pending["since"] > LIMITS.reform_s:
+            raise EngineDied(f"engine(s) {waiting} did not leave the broken Horovod job within {LIMITS.reform_s} s "
                              "of a rank's death (stuck in the cell's own code?); the run was stopped. See %dist "
                              "status; --on-failure fail stops a run at the first death instead.")
 

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import time
 
-GLOO_TIMEOUT_S = 5  # how long a survivor waits on a dead peer before its collective fails (Gloo's default: 30)
-REFORM_WAIT_S = 60  # how long a survivor waits for the kernel's new job before failing as before
-JOIN_WAIT_S = 1800  # how long a newcomer waits for the ranks to reach an epoch's end and take it in
+from ..limits import LIMITS
+
 COLLECTIVE_MARKS = ("Horovod", "/gloo/", "nbdist_gradients")  # in the error of a step whose collective broke
 LEFT_KEY = "nbdist_left"  # in a worker's published data: the job generation it waits for
 
@@ -58,6 +57,7 @@ class Survivor:
         self.generation = 0
         self.recoveries: list[dict] = []  # what each re-forming cost, for the run's events
         self.abandoned = False
+        self.traced = False  # the train step ran once in the current job (its first call traces it)
         self._train = self._guarded = None
 
     def install(self) -> None:
@@ -81,8 +81,8 @@ class Survivor:
         while True:
             if self.abandoned:  # the job fell below --min-workers: no collective will complete again
                 return skipped()
-            if self.watch is not None:
-                self.watch.entering(self.done)
+            if self.watch is not None:  # the first unit of a job waits for every rank's tracing: not a stall
+                self.watch.entering(self.done, timed=self.traced)
             try:
                 result = unit()
             except Exception as exc:
@@ -95,6 +95,7 @@ class Survivor:
                 if self.watch is not None:
                     self.watch.left()
             self.done += 1
+            self.traced = True
             if self.recoveries and "resumed_at" not in self.recoveries[-1]:
                 self.recoveries[-1]["resumed_at"] = time.time()
             return result
@@ -139,11 +140,12 @@ class Survivor:
         self.recoveries.append({"generation": self.generation, "size": hvd.size(), "rank": hvd.rank(),
                                 "step": int(model.optimizer.iterations.numpy()), "joined_at": time.time(), **account})
         model.make_train_function(force=True)  # traced anew: Horovod's ops now run in the new job
+        self.traced = False
         self._train, model.train_function = model.train_function, self._guarded
         return done
 
     def _await(self, exc: BaseException) -> dict:
-        deadline = time.time() + REFORM_WAIT_S
+        deadline = time.time() + LIMITS.reform_s
         while time.time() < deadline and not self.control.state["stop"]:
             reform = self.control.reform()
             if reform and reform["generation"] > self.generation and not reform.get("grow"):
@@ -161,7 +163,7 @@ def join_grown_job(hvd_join, control, model, job: dict, left) -> dict | None:
 
     generation = job["generation"]
     left(generation)
-    deadline = time.time() + JOIN_WAIT_S
+    deadline = time.time() + LIMITS.join_s
     while True:
         current = control.reform() or {}
         if current.get("generation", 0) > generation or (current.get("generation") == generation

@@ -44,7 +44,10 @@ def allreduced(hvd, apply_gradients, compression: str | None, control=None, weig
         grads = [g for g, _ in pairs]
         for i, g in zip(present, reduced):
             grads[i] = g
-        return apply_gradients(zip(grads, [v for _, v in pairs]))
+        # nothing of the update, the optimizer's step count included, runs unless the allreduce completed:
+        # a step that fails there (a dead rank) leaves this rank exactly at the last completed step
+        with tf.control_dependencies(reduced):
+            return apply_gradients(zip(grads, [v for _, v in pairs]))
 
     return apply
 

@@ -4,7 +4,8 @@ Every rank marks when it enters and leaves a unit of collectives (a train call, 
 averaging). A rank that has waited inside one for `--stall-timeout` seconds says so once, from a
 watchdog thread (its main thread is blocked in the collective), in its task's published data. The
 kernel then names the ranks that are not waiting: they never reached the collective (stuck in a
-callback or a data generator, or an engine that hangs without dying).
+callback or a data generator, or an engine that hangs without dying). The first unit of a job is not
+timed: every rank traces its train step there, which takes as long as the engine's load makes it.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ class StallWatch:
         self._thread = threading.Thread(target=self._watch, name="nbdist-stall-watch", daemon=True)
         self._thread.start()
 
-    def entering(self, unit: int) -> None:
-        self.unit, self.entered = unit, time.time()
+    def entering(self, unit: int, timed: bool = True) -> None:
+        """This rank enters unit `unit`; `timed` False: its wait is not watched (a job's first unit)."""
+        self.unit, self.entered = unit, time.time() if timed else None
 
     def left(self) -> None:
         self.entered = None
