@@ -13,16 +13,19 @@ from . import engine, errors
 from .cluster import ClusterHandle
 from .control_bus import ControlBus
 from .keras_bridge import FitResult
+from .limits import LIMITS
 from .netroute import address_towards_cluster
 from .newcomers import Newcomers
 from .telemetry import make_record
 
 POLL_S = 0.25
-# A worker that fails because a peer failed (Horovod's ring shut down) often reports first; the others get this
-# long to report the failure that caused it.
-CAUSE_GRACE_S = 10.0
-COLLATERAL = ("Horovod has been shut down", "that engine stopped or died")
-STOP_TIMEOUT_S = 20  # engines get this long to stop after an interrupt before we give up waiting
+# A worker that fails because a peer failed (Horovod's ring shut down, a collective's connection to a dead rank
+# reset) often reports first, before the hub has seen the death. The kernel then waits up to
+# LIMITS.cause_grace_s for the cause: a death (the hub's registration, the process on this host) or another
+# worker's own error; the lost peer is kept as a consequence.
+LOST_PEER = ("Horovod has been shut down", "that engine stopped or died", "Connection reset by peer",
+             "Connection closed by peer", "Connection refused", "Broken pipe", "/gloo/", "gloo::", "MPI_ERR",
+             "HorovodInternalError")
 _run_ids = itertools.count(1)
 
 
@@ -302,7 +305,7 @@ class Background:
 def _wait(run: Run, cluster: ClusterHandle, strategy, pending: dict, on_progress, joins=None) -> None:
     """Until every worker's cell returned: progress, deaths, newcomers (`joins`, added to `pending`)."""
     waiting = dict(pending)
-    collateral: tuple[errors.EngineFailure, float] | None = None  # a peer's consequence, raised if no cause comes
+    collateral: tuple[int, errors.EngineFailure, float] | None = None  # a lost peer, raised if no cause comes
     while waiting:
         if run.stop_requested:
             raise KeyboardInterrupt
@@ -310,8 +313,8 @@ def _wait(run: Run, cluster: ClusterHandle, strategy, pending: dict, on_progress
             joined = joins.take_in()
             pending.update(joined)
             waiting.update(joined)
-        if collateral is not None and time.time() > collateral[1]:
-            raise collateral[0]
+        if collateral is not None and time.time() > collateral[2]:
+            raise _lost_peer(run, cluster, *collateral[:2])
         next(iter(waiting.values())).wait(POLL_S)
         alive = set(cluster.ids())
         for eid, ar in list(waiting.items()):
@@ -327,9 +330,11 @@ def _wait(run: Run, cluster: ClusterHandle, strategy, pending: dict, on_progress
                         f"{_who(run, cluster, eid)} died during run {run.id} "
                         f"after {time.time() - run.started_at:.1f} s; the run was stopped on the other engines."
                     )
-            except errors.EngineDied:
+            except errors.EngineDied as exc:
                 dead = {e["engine"] for e in run.events_of("worker_died")} | {eid}
                 if not strategy.continues_without(run, cluster, eid, [e for e in run.workers if e not in dead]):
+                    if collateral is not None:  # the survivor's error was this death's consequence
+                        raise errors.EngineDied(f"{exc} {_consequence(run, cluster, *collateral[:2])}") from None
                     raise
                 waiting.pop(eid, None)
                 run.events.append({"t": time.time(), "event": "worker_died", "engine": eid,
@@ -338,14 +343,41 @@ def _wait(run: Run, cluster: ClusterHandle, strategy, pending: dict, on_progress
                 if joins is not None:
                     joins.replace(eid)
             except errors.EngineFailure as exc:
-                if not any(marker in str(exc) for marker in COLLATERAL):
-                    raise
-                collateral = collateral or (exc, time.time() + CAUSE_GRACE_S)
+                if not any(marker in str(exc) for marker in LOST_PEER):
+                    raise _died_meanwhile(run, cluster, eid, exc) from None
+                collateral = collateral or (eid, exc, time.time() + LIMITS.cause_grace_s)
         strategy.check(run)
         if on_progress is not None:
             on_progress(run)
     if collateral is not None:
-        raise collateral[0]
+        raise _lost_peer(run, cluster, *collateral[:2])
+
+
+def _died_meanwhile(run: Run, cluster: ClusterHandle, eid: int, exc: errors.EngineFailure) -> errors.EngineFailure:
+    """`exc`, unless another engine of the run is already seen dead (then that death, `exc` its consequence)."""
+    alive = set(cluster.ids())
+    dead = [e for e in run.workers if e != eid and e not in run.results and not cluster.is_alive(e, alive)]
+    if not dead:
+        return exc
+    return errors.EngineDied(f"{_who(run, cluster, dead[0])} died during run {run.id} after "
+                             f"{time.time() - run.started_at:.1f} s; the run was stopped on the other engines. "
+                             f"{_consequence(run, cluster, eid, exc)}")
+
+
+def _consequence(run: Run, cluster: ClusterHandle, eid: int, exc: errors.EngineFailure) -> str:
+    """The sentence that keeps a survivor's error as what the death caused (also an event of the run)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    run.events.append({"t": time.time(), "event": "lost_peer", "engine": eid, "error": first[:300]})
+    return f"(Then {cluster.info(eid).label()} failed for want of it: {first[:200]})"
+
+
+def _lost_peer(run: Run, cluster: ClusterHandle, eid: int, exc: errors.EngineFailure) -> errors.EngineFailure:
+    """A survivor's lost-peer error when no death was seen within the grace: said as such, naming the others."""
+    others = [e for e in run.workers if e != eid]
+    return type(exc)(f"{_who(run, cluster, eid)} lost its connection to another engine of run {run.id} and no "
+                     f"engine of the run was seen dying within {LIMITS.cause_grace_s:g} s: one of engines {others} "
+                     f"may have died on another host or been cut off from it (check %dist status and the network). "
+                     f"Its error: {exc}", getattr(exc, "remote_traceback", ""))
 
 
 def _result(run: Run, cluster: ClusterHandle, eid: int, ar) -> list[FitResult]:
@@ -395,7 +427,7 @@ def _stop_workers(cluster: ClusterHandle, pending: dict) -> str:
     if not running:
         return "no engine was still running"
     cluster.signal(running, signal.SIGINT)
-    deadline = time.time() + STOP_TIMEOUT_S
+    deadline = time.time() + LIMITS.stop_s
     for eid in running:
         try:
             pending[eid].wait(max(0.0, deadline - time.time()))
@@ -403,7 +435,7 @@ def _stop_workers(cluster: ClusterHandle, pending: dict) -> str:
             pass
     still = [eid for eid in running if not pending[eid].ready()]
     if still:
-        return f"engines {still} did not stop within {STOP_TIMEOUT_S} s (see %dist status)"
+        return f"engines {still} did not stop within {LIMITS.stop_s} s (see %dist status)"
     return f"stopped on engine(s) {running}"
 
 
