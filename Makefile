@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 WHEEL_PY := $(if $(wildcard $(PY)),$(PY),python3)
 NBDIST_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/nbdist
 
-.PHONY: setup demo test lab wheel clean
+.PHONY: setup demo test check lab wheel clean
 
 setup:
 	@bash scripts/setup.sh
@@ -15,8 +15,17 @@ setup:
 demo: setup
 	@$(PY) scripts/run_notebook.py notebooks/01-quickstart.ipynb build/01-quickstart.ipynb
 
+# Everything: clusters, kernels, browsers, the example notebooks. The 25 slowest tests are printed and written to
+# build/durations.txt, every test's outcome and time to build/junit.xml.
 test: setup
-	NBDIST_PROGRESS=text $(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=600 -p no:cacheprovider
+	@mkdir -p build
+	NBDIST_PROGRESS=text $(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=600 -p no:cacheprovider \
+		--durations=25 --junitxml=build/junit.xml; status=$$?; \
+		$(PY) scripts/slowest_tests.py build/junit.xml 25 > build/durations.txt; exit $$status
+
+# The inner loop: the tests that run in this process only (no cluster, kernel, browser or other process).
+check: setup
+	NBDIST_PROGRESS=text $(PY) -m pytest tests -m "not cluster" -p no:cacheprovider -q --durations=10
 
 lab: setup
 	$(VENV)/bin/jupyter lab

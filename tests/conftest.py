@@ -1,13 +1,18 @@
-"""Fixtures: one real ipyparallel cluster for the whole suite, real kernels that drive the magics."""
+"""Fixtures: real ipyparallel clusters and real kernels that drive the magics.
+
+One shared cluster serves the modules that leave engines as they found them; after every test that used
+it, its engines must be idle again or that test fails, naming the engines left busy. A module that kills,
+interrupts, stalls, restarts or evicts engines or shards owns its cluster (`support.own_cluster`).
+"""
 
 from __future__ import annotations
 
 import os
-import uuid
 
 import pytest
 
 from tests.kernel_driver import KernelDriver
+from tests.support import EnginesLeftBusy, free_engines, scaled, start_cluster, stop_cluster, wait_idle
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("NBDIST_PROGRESS", "text")  # kernels started by tests have no browser; tests that want
@@ -36,57 +41,65 @@ model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
 history = model.fit(x, y, batch_size=64, epochs={epochs}, validation_data=(xt, yt))
 '''
 
+IDLE_AFTER_TEST_S = 30  # a finished cell leaves its engines idle at once; this is only the hub's lag, generously
+IDLE_AFTER_KERNEL_S = 60  # after a module's kernel stopped (its lifeline releases the engines)
+
+
+def pytest_collection_modifyitems(items):
+    """A test on a cluster or a kernel is a `cluster` test (`make check` runs the others), marked or not."""
+    for item in items:
+        if {"cluster", "kernel", "shared_cluster"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.cluster)
+
 
 @pytest.fixture(scope="session")
-def cluster():
-    """A real 2-engine local ipyparallel cluster, stopped at the end even if tests fail."""
-    import ipyparallel as ipp
-
-    from nbdist.cluster import HEARTBEAT_ARGS
-
-    cluster = ipp.Cluster(n=2, cluster_id=f"nbdist-test-{uuid.uuid4().hex[:8]}",
-                          controller_args=list(HEARTBEAT_ARGS), log_level=30)
-    client = cluster.start_and_connect_sync()
+def shared_cluster():
+    """The suite's one shared 2-engine local cluster (more engines are started when a test asks for them)."""
+    handle = start_cluster(2, shared=True)
     try:
-        yield cluster, client
+        yield handle
     finally:
-        client.close()
-        cluster.stop_cluster_sync()
-
-
-SETTLE_S = 60  # a kernel that stopped has its watcher interrupt the training it left running on shared engines
-
-
-def engines_idle(client, timeout: float) -> None:
-    """Wait (bounded) until no registered engine of the shared cluster has a task; warn naming those
-    still busy after `timeout` (a killed engine leaves the hub's list within a few seconds; one that
-    stays busy was never freed, or lost its reply: `tests.support.idle_engines` passes it over)."""
-    import time
-    import warnings
-
-    from tests.support import busy_ids
-
-    deadline = time.time() + timeout
-    while True:
-        busy = busy_ids(client)
-        if not busy:
-            return
-        if time.time() > deadline:
-            warnings.warn(f"engines still busy {timeout} s after the previous module's kernel stopped: {busy}")
-            return
-        time.sleep(0.2)  # polling the hub's queue status, bounded by the deadline
+        stop_cluster(handle)
 
 
 @pytest.fixture(scope="module")
-def kernel(cluster):
-    """A real IPython kernel with nbdist loaded, connected to the shared cluster, definitions recorded."""
-    ipp_cluster, client = cluster
-    engines_idle(client, SETTLE_S)
+def cluster(shared_cluster):
+    """The cluster a module's tests use: the shared one, unless the module declares its own."""
+    return shared_cluster
+
+
+@pytest.fixture(autouse=True)
+def _shared_engines_left_idle(request):
+    """After a test on the shared cluster: every engine idle again, or this test fails naming them."""
+    yield
+    if "cluster" not in request.fixturenames:
+        return
+    handle = request.getfixturevalue("cluster")
+    if not handle.shared:
+        return
+    busy = wait_idle(handle.client, scaled(IDLE_AFTER_TEST_S))
+    if busy:
+        done = free_engines(handle.client, busy, scaled(IDLE_AFTER_TEST_S))
+        raise EnginesLeftBusy(f"{request.node.nodeid} left engine(s) of the shared cluster busy "
+                              f"{scaled(IDLE_AFTER_TEST_S):.0f} s after it ended: {busy} ({done})")
+
+
+@pytest.fixture(scope="module")
+def kernel(cluster, request):
+    """A real IPython kernel with nbdist loaded, connected to the module's cluster, definitions recorded.
+
+    Stopped at the module's end; on the shared cluster its engines must then be idle, or the module fails."""
     driver = KernelDriver()
     try:
         driver.run("%load_ext nbdist\nimport nbdist").check()
-        driver.run(f"%dist connect --cluster-id {ipp_cluster.cluster_id}", timeout=120).check()
-        driver.run("%%distribute define --name data\n" + DEFINITION, timeout=120).check()
+        driver.run(f"%dist connect --cluster-id {cluster.cluster_id}", timeout=scaled(120)).check()
+        driver.run("%%distribute define --name data\n" + DEFINITION, timeout=scaled(120)).check()
         yield driver
     finally:
         driver.stop()
+    if cluster.shared:
+        busy = wait_idle(cluster.client, scaled(IDLE_AFTER_KERNEL_S))
+        if busy:
+            done = free_engines(cluster.client, busy, scaled(IDLE_AFTER_TEST_S))
+            raise EnginesLeftBusy(f"{request.module.__name__}'s kernel stopped and left engine(s) of the shared "
+                                  f"cluster busy for {scaled(IDLE_AFTER_KERNEL_S):.0f} s: {busy} ({done})")

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from jupyter_client.manager import KernelManager
 
+from nbdist.limits import time_scale
+
 
 @dataclass
 class Reply:
@@ -31,7 +33,7 @@ class Reply:
 
 
 class KernelDriver:
-    """A kernel started with this Python, executing cells with bounded timeouts."""
+    """A kernel started with this Python, executing cells with bounded timeouts (times NBDIST_TIME_SCALE)."""
 
     def __init__(self, cwd=None, env=None, python=None):
         self.km = KernelManager(kernel_name="python3")
@@ -46,8 +48,9 @@ class KernelDriver:
         self.stray: list = []  # shell replies that belonged to no request being collected
 
     def stop(self):
+        """Shut the kernel down as JupyterLab does (its atexit hooks release the cluster), killed if it hangs."""
         self.kc.stop_channels()
-        self.km.shutdown_kernel(now=True)
+        self.km.shutdown_kernel(now=False)
 
     @property
     def pid(self) -> int:
@@ -60,6 +63,7 @@ class KernelDriver:
     def collect(self, msg_id: str, timeout: float = 120, until_output=None) -> Reply:
         """Read iopub until the cell is idle (or until `until_output` text shows up); then the reply."""
         reply = Reply(status="?")
+        timeout *= time_scale()
         deadline = time.time() + timeout
         started = time.time()
         while True:

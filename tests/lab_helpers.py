@@ -7,13 +7,14 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.support import wait_for
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -58,15 +59,19 @@ def jupyter_lab(root: Path, python: str = sys.executable, env: dict | None = Non
         env={k: v for k, v in (os.environ if env is None else env).items()
              if k != "NBDIST_PROGRESS"})  # a browser: auto = dashboard
     try:
-        deadline = time.time() + START_TIMEOUT_S
-        while True:
+        def answers() -> bool:
+            if server.poll() is not None:
+                raise AssertionError("JupyterLab exited: " + log.read_text()[-2000:])
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=2)
-                break
+                return True
             except OSError:
-                if time.time() > deadline or server.poll() is not None:
-                    raise AssertionError("JupyterLab did not start: " + log.read_text()[-2000:])
-                time.sleep(0.3)  # polling the server's port, not synchronising with the page
+                return False
+
+        try:
+            wait_for(answers, "JupyterLab to answer on its port", START_TIMEOUT_S, every=0.3)
+        except AssertionError as exc:
+            raise AssertionError(f"JupyterLab did not start ({exc}): " + log.read_text()[-2000:]) from None
         yield LabServer(port, token)
     finally:
         try:

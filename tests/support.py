@@ -1,12 +1,17 @@
-"""What the tests share: message builders for a shard, and helpers for the shared real cluster."""
+"""What the tests share: message builders for a shard, real clusters, and bounded waits on conditions."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
+import uuid
+from dataclasses import dataclass
 
 import numpy as np
+import pytest
 
+from nbdist import limits
 from nbdist.ps import wire
 
 KEY = wire.new_key()
@@ -32,26 +37,100 @@ def grads(value=1.0):
     return {name: np.full(w.shape, value, np.float32) for name, w in W0.items()}
 
 
-def idle_engines(cluster, count: int) -> list[int]:
-    """`count` live engines of the shared cluster (starting more if needed); returns their ids.
-
-    An engine a test killed stays registered for a few seconds, holding the task it died in: busy."""
-    ipp_cluster, client = cluster
-    missing = count - len(idle_ids(client))
-    if missing > 0:
-        ipp_cluster.start_engines_sync(n=missing)
-        client.wait_for_engines(len(client.ids) + missing, timeout=120, block=True)
-    return idle_ids(client)[:count]
+# -- time -------------------------------------------------------------------------------------
+def scaled(seconds: float) -> float:
+    """A test's deadline under NBDIST_TIME_SCALE (a slow machine gives everything longer), as the product's."""
+    return seconds * limits.time_scale()
 
 
-def new_engine(cluster) -> tuple[int, int]:
-    """One engine started now on the shared cluster (a test may kill it): its id and process id."""
-    ipp_cluster, client = cluster
-    before = set(client.ids)
-    ipp_cluster.start_engines_sync(n=1)
-    client.wait_for_engines(len(before) + 1, timeout=90, block=True)
-    eid = (set(client.ids) - before).pop()
-    return eid, client[eid].apply_sync(os.getpid)
+def wait_for(condition, what: str, timeout: float = 60, every: float = 0.2):
+    """The value of `condition()` once truthy, read every `every` s; after `timeout` (scaled) the test fails
+    saying what it waited for. The pause between reads is a polling interval, never a window a verdict
+    depends on: the verdict is the condition."""
+    deadline = time.monotonic() + scaled(timeout)
+    pause = threading.Event()
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {scaled(timeout):.0f} s for {what}")
+        pause.wait(every)
+
+
+def eventually(kernel, expression: str, timeout: float = 60):
+    """The value of `expression` once truthy, read from the kernel (bounded)."""
+    return wait_for(lambda: kernel.value(expression), f"the kernel's `{expression}`", timeout)
+
+
+def within(condition, timeout: float = 60, what: str = "the condition"):
+    """The value of `condition()` once truthy, read in this process (bounded)."""
+    return wait_for(condition, what, timeout, every=0.05)
+
+
+# -- clusters ---------------------------------------------------------------------------------
+class EnginesLeftBusy(AssertionError):
+    """A test (or a module's kernel) left engines of the shared cluster with work queued or running."""
+
+
+@dataclass
+class TestCluster:
+    """A real local ipyparallel cluster the suite started, with a client; `shared`: the suite's shared one."""
+
+    __test__ = False  # not a test class
+    cluster: object
+    client: object
+    shared: bool
+
+    @property
+    def cluster_id(self) -> str:
+        return self.cluster.cluster_id
+
+    def __iter__(self):  # ipp_cluster, client = cluster
+        return iter((self.cluster, self.client))
+
+
+def start_cluster(n: int, shared: bool = False) -> TestCluster:
+    """A real `n`-engine local cluster with the heartbeats nbdist gives the clusters it starts."""
+    import ipyparallel as ipp
+
+    from nbdist.cluster import HEARTBEAT_ARGS
+
+    cluster = ipp.Cluster(n=n, cluster_id=f"nbdist-test-{uuid.uuid4().hex[:8]}",
+                          controller_args=list(HEARTBEAT_ARGS), log_level=30)
+    client = cluster.start_and_connect_sync()
+    try:
+        client.wait_for_engines(n, timeout=scaled(120), block=True)
+    except BaseException:
+        client.close()
+        cluster.stop_cluster_sync()
+        raise
+    return TestCluster(cluster, client, shared)
+
+
+def stop_cluster(handle: TestCluster) -> None:
+    try:
+        handle.client.close()
+    finally:
+        handle.cluster.stop_cluster_sync()
+
+
+def own_cluster(engines: int = 2):
+    """A module fixture named `cluster`: the module's own real cluster, stopped when the module ends, also
+    when a test failed. For modules that kill, interrupt, stall, restart or evict engines or shards.
+
+        cluster = own_cluster(engines=2)
+    """
+
+    @pytest.fixture(scope="module")
+    def cluster():
+        handle = start_cluster(engines)
+        try:
+            yield handle
+        finally:
+            stop_cluster(handle)
+
+    return cluster
 
 
 def busy_ids(client) -> dict[int, dict]:
@@ -62,32 +141,53 @@ def busy_ids(client) -> dict[int, dict]:
             if eid in status and (status[eid]["queue"] or status[eid]["tasks"])}
 
 
-def idle_ids(client) -> list[int]:
-    """Registered engines with nothing queued or running."""
-    busy = busy_ids(client)
-    return [eid for eid in sorted(client.ids) if eid not in busy]
+def wait_idle(client, timeout: float) -> dict[int, dict]:
+    """{} once no registered engine has a task; else, after `timeout`, the engines still busy."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while True:
+        busy = busy_ids(client)
+        if not busy or time.monotonic() > deadline:
+            return busy
+        pause.wait(0.2)
 
 
-def eventually(kernel, expression: str, timeout: float = 60):
-    """The value of `expression` once truthy, polled from the kernel (bounded)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = kernel.value(expression)
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"{expression} still falsy after {timeout} s")
+def free_engines(client, busy: dict[int, dict], timeout: float) -> str:
+    """Give the shared cluster back to the next tests after one left `busy` engines: interrupt them, and kill
+    those that stay busy (more engines are started when a test asks for them). Says what it did."""
+    import signal
+
+    client.send_signal(signal.SIGINT, targets=sorted(busy), block=True)
+    still = wait_idle(client, timeout)
+    if not still:
+        return "they stopped when interrupted"
+    client.send_signal(signal.SIGKILL, targets=sorted(still), block=True)
+    return f"engine(s) {sorted(still)} did not stop when interrupted and were killed"
 
 
-def within(condition, timeout: float = 60):
-    """The value of `condition()` once truthy, polled in this process (bounded)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout} s")
+def idle_engines(cluster: TestCluster, count: int) -> list[int]:
+    """`count` engines of the cluster, idle (starting more if it has fewer); their ids.
+
+    Every engine is idle between tests (the shared cluster's guard fails a test that leaves one busy); an
+    engine a test of an own cluster killed leaves the hub's list within its heartbeats."""
+    client = cluster.client
+    busy = wait_idle(client, scaled(30))
+    assert not busy, f"engines still busy before the test: {busy}"
+    missing = count - len(client.ids)
+    if missing > 0:
+        cluster.cluster.start_engines_sync(n=missing)
+        client.wait_for_engines(len(client.ids) + missing, timeout=scaled(120), block=True)
+    return sorted(client.ids)[:count]
+
+
+def new_engine(cluster: TestCluster) -> tuple[int, int]:
+    """One engine started now on the cluster (a test may kill it): its id and process id."""
+    ipp_cluster, client = cluster
+    before = set(client.ids)
+    ipp_cluster.start_engines_sync(n=1)
+    client.wait_for_engines(len(before) + 1, timeout=scaled(90), block=True)
+    eid = (set(client.ids) - before).pop()
+    return eid, client[eid].apply_sync(os.getpid)
 
 
 def push_log(kernel) -> list[dict]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from nbdist.experiments import MODELS
@@ -37,6 +39,7 @@ def ashl_on_the_virtual_clock(kernel, epochs=10) -> dict:
                        + CELL.format(epochs=epochs), timeout=400)
     reply.check()
     return {"stdout": reply.stdout,
+            "table": kernel.value("__import__('nbdist.ashl.report', fromlist=['_']).profile_table(nbdist.last_run)"),
             "events": kernel.value("[{k: v for k, v in e.items() if k != 't'} for e in nbdist.last_run.events]"),
             "history": kernel.value("nbdist.last_run.history"),
             "pushes": kernel.value("[(r['worker'], r['step'], r['version'], r['staleness'], "
@@ -59,7 +62,10 @@ def test_the_virtual_profile_is_the_simulated_speeds_and_batches_equalise_step_t
     # 1/s (1 ms + 50 us b) = T with sum b = 256: T = 16.8 ms / 2.75, b = (T s - 1 ms) / 50 us
     # = 102.18, 102.18, 41.09, 10.55 -> largest remainder 102, 102, 41, 11
     assert allocated[0]["batches"] == [102, 102, 41, 11]
-    assert "profile" in ashl_run["stdout"] and "batch" in ashl_run["stdout"]  # the table is shown
+    # the table shown under the cell is the run's profile, one row per worker with its allocated batch
+    assert ashl_run["table"] in ashl_run["stdout"]
+    rows = [re.split(r"\s{2,}", line) for line in ashl_run["table"].splitlines()[3:]]  # under title, head, rule
+    assert [(row[0], row[6]) for row in rows] == [("0", "102"), ("1", "102"), ("2", "41"), ("3", "11")], rows
 
 
 def test_ahl_then_shl_at_an_epoch_end_and_the_model_learns(ashl_run):

@@ -6,13 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nbdist.ashl.meeting import SPEC as ASHL_MEETING
+from nbdist.ashl.batches import ProportionalBatches
 from nbdist.ashl.coordinator import Coordinator
+from nbdist.ashl.meeting import SPEC as ASHL_MEETING
 from nbdist.ps import wire
-from nbdist.ps.compression import PushCompressor, decode_push
 from nbdist.ps.shard import Shard
 from nbdist.run import Run
-from nbdist.ashl.batches import ProportionalBatches
 from tests.support import SGD, W0, grads, message
 
 EXPECTED = {name: (w.shape, "float32") for name, w in W0.items()}

@@ -8,7 +8,6 @@ import pytest
 from nbdist.ashl.allocation import CostModel, allocate, drifted, fit_profile, shard_fractions
 from nbdist.ashl.switch import Check, SwitchRule
 from nbdist.errors import OptionError
-from nbdist.ps.compression import CompressionPolicy, TopK, from_fp16, to_fp16
 
 
 def test_allocation_equalises_step_time_on_a_hand_example():

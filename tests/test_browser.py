@@ -50,7 +50,12 @@ def test_dashboard_draws_and_its_pause_and_resume_act_in_a_real_browser(lab, clu
             page.wait_for_selector(f"{DASHBOARD} button:has-text('Pause')")
             page.wait_for_selector(".js-plotly-plot .scatterlayer .trace path.js-line")  # drawn lines, not axes only
             page.wait_for_selector("table:has-text('last seen') >> text=running")
-            assert page.locator(".js-plotly-plot .scatterlayer .trace").count() >= 2
+            # the figure the browser holds: nfdt's four panels with a trace per node, then the global and validation
+            # loss (as test_dashboard counts them in the kernel); both nodes' loss traces have points
+            traces = page.evaluate("() => document.querySelector('.js-plotly-plot').data"
+                                   ".map(t => [t.name, (t.y || t.x || []).length])")
+            assert len(traces) == 4 * 2 + 2, traces
+            assert [name for name, _ in traces[:2]] == ["worker 0", "worker 1"] and all(n for _, n in traces[:2])
             page.screenshot(path=str(SCREENSHOTS / "dashboard-during-training.png"), full_page=True)
 
             # JupyterLab's dark theme: the extension tells the kernel, the plots turn dark while training

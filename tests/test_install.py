@@ -169,6 +169,8 @@ def test_sidebar_appears_in_the_fresh_venvs_jupyterlab(fresh_venv, workdir):
             page.keyboard.press("Shift+Enter")
             page.wait_for_selector("#nbdist-sidebar >> text=No cluster yet")  # the installed kernel side answers
             page.screenshot(path=str(SCREENSHOTS / "install-fresh-venv-sidebar.png"))
+            sidebar = page.inner_text("#nbdist-sidebar")
+            assert "No cluster yet" in sidebar and "nbdist is not loaded" not in sidebar, sidebar
         except Exception:
             page.screenshot(path=str(SCREENSHOTS / "install-fresh-venv-failure.png"), full_page=True)
             raise

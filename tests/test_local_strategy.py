@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import TRAIN
+from tests.support import idle_engines
 
 pytestmark = pytest.mark.cluster
 
@@ -22,9 +23,11 @@ def test_local_run_matches_plain_fit_and_model_comes_back(kernel):
     max_diff = kernel.value("max(float(np.abs(a - b).max()) for a, b in zip(w_dist, model.get_weights()))")
 
     assert distributed["keys"] == plain["keys"] == ["accuracy", "loss", "val_accuracy", "val_loss"]
-    assert max_diff <= 1e-6
+    # the same steps on the same batches; the engine's TensorFlow uses its share of the host's cores and the
+    # notebook's all of them, so sums split over threads differently round differently (float32: 1e-6 here)
+    assert max_diff <= 1e-5
     for key in plain["keys"]:
-        assert distributed["history"][key] == pytest.approx(plain["history"][key], abs=1e-6)
+        assert distributed["history"][key] == pytest.approx(plain["history"][key], abs=1e-5)
     # The next cell's evaluate sees the trained weights: it reproduces the run's own validation numbers.
     assert distributed["eval"]["accuracy"] == pytest.approx(distributed["history"]["val_accuracy"][-1], abs=1e-6)
     assert distributed["eval"]["loss"] == pytest.approx(distributed["history"]["val_loss"][-1], rel=1e-5)
@@ -45,13 +48,14 @@ def test_run_is_recorded_with_metrics_and_listed(kernel):
 
 def test_definition_cells_resent_only_when_changed(kernel, cluster):
     _, client = cluster
+    target = idle_engines(cluster, 2)[1]
     kernel.run("%%distribute define --name counter\nimport os\nDEF_RUNS = globals().get('DEF_RUNS', 0) + 1").check()
-    kernel.run("%%distribute --targets 1\n" + TRAIN.format(epochs=1), timeout=180).check()
-    kernel.run("%%distribute --targets 1\n" + TRAIN.format(epochs=1), timeout=180).check()
-    assert client[1].pull("DEF_RUNS", block=True) == 1  # unchanged text: not re-sent
+    kernel.run(f"%%distribute --targets {target}\n" + TRAIN.format(epochs=1), timeout=180).check()
+    kernel.run(f"%%distribute --targets {target}\n" + TRAIN.format(epochs=1), timeout=180).check()
+    assert client[target].pull("DEF_RUNS", block=True) == 1  # unchanged text: not re-sent
     kernel.run("%%distribute define --name counter\nDEF_RUNS = globals().get('DEF_RUNS', 0) + 10").check()
-    kernel.run("%%distribute --targets 1\n" + TRAIN.format(epochs=1), timeout=180).check()
-    assert client[1].pull("DEF_RUNS", block=True) == 11  # changed text: replayed once, in its slot
+    kernel.run(f"%%distribute --targets {target}\n" + TRAIN.format(epochs=1), timeout=180).check()
+    assert client[target].pull("DEF_RUNS", block=True) == 11  # changed text: replayed once, in its slot
 
 
 def test_subclassed_model_and_tf_data(kernel):

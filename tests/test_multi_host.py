@@ -11,13 +11,13 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import DEFINITION
 from tests.kernel_driver import KernelDriver
+from tests.support import eventually, wait_for
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 BRIDGE, SUBNET = "nbd-br0", "10.213.0"
@@ -81,11 +81,9 @@ def hosts(tmp_path_factory):
         processes.append(subprocess.Popen(shlex.split(controller), env=env, start_new_session=True,
                                           stdout=open(logs / "controller.log", "w"), stderr=subprocess.STDOUT))
         engine_file = ipython_dir / "profile_nbdist" / "security" / "ipcontroller-engine.json"
-        deadline = time.time() + START_TIMEOUT_S
-        while not engine_file.exists():
-            assert time.time() < deadline, (logs / "controller.log").read_text()
-            assert processes[0].poll() is None, (logs / "controller.log").read_text()
-            time.sleep(0.2)
+        wait_for(lambda: engine_file.exists() or processes[0].poll() is not None, "the controller's engine file",
+                 START_TIMEOUT_S)
+        assert processes[0].poll() is None, (logs / "controller.log").read_text()
         engine = steps["ipengine"].replace("$ENGINE_FILE", str(engine_file))
         hosts_file = logs / "hosts"  # Horovod needs host names that resolve (it crashes on one that does not)
         hosts_file.write_text("127.0.0.1 localhost\n" + "".join(f"{SUBNET}.{10 + i} {name}\n"
@@ -121,11 +119,11 @@ def kernel(hosts):
     driver = KernelDriver(env=hosts["env"])
     try:
         driver.run("%load_ext nbdist\nimport nbdist").check()
-        deadline = time.time() + START_TIMEOUT_S
         driver.run("%dist connect --profile nbdist", timeout=START_TIMEOUT_S).check()
-        while driver.value("len(nbdist.get_session().cluster.ids())") < len(HOSTS):
-            assert time.time() < deadline, [(hosts["logs"] / f"{h}.log").read_text()[-2000:] for h in HOSTS]
-            time.sleep(0.5)
+        try:
+            eventually(driver, f"len(nbdist.get_session().cluster.ids()) >= {len(HOSTS)}", START_TIMEOUT_S)
+        except AssertionError:
+            raise AssertionError([(hosts["logs"] / f"{h}.log").read_text()[-2000:] for h in HOSTS]) from None
         driver.run("%%distribute define --name data\n" + DEFINITION, timeout=180).check()
         yield driver
     finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import idle_engines, push_log
+from tests.support import eventually, idle_engines, push_log, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -67,20 +67,40 @@ def _determinism_enabled() -> bool:
     return config.is_op_determinism_enabled()
 
 
-def test_the_start_barrier_holds_first_pushes_until_every_worker_has_stepped(kernel, cluster):
+def test_the_start_barrier_holds_first_pushes_until_every_worker_has_stepped(kernel, cluster, tmp_path):
     import os
 
     _, client = cluster
     punctual, slow = idle_engines(cluster, 2)
     late = client[slow].apply_sync(os.getpid)
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    # the late worker begins training only once the test opens the gate (opening a FIFO to read blocks until
+    # a writer comes), and the test opens it only once the punctual worker's first push is held at the shard
     delayed = CELL.format(epochs=1, steps=8).replace(
         "shuffle=True)", f"shuffle=True, callbacks=[keras.callbacks.LambdaCallback(on_train_begin=lambda logs: "
-                         f"time.sleep(3) if os.getpid() == {late} else None)])")
-    kernel.run(f"%%distribute --strategy nfdt --targets {punctual},{slow}\n" + delayed, timeout=240).check()  # real clock
+                         f"open({str(gate)!r}).close() if os.getpid() == {late} else None)])")
+
+    def open_gate() -> bool:
+        try:
+            os.close(os.open(gate, os.O_WRONLY | os.O_NONBLOCK))
+            return True
+        except OSError:  # ENXIO: nobody waits at the gate yet
+            return False
+
+    try:
+        kernel.run(f"%%distribute --strategy nfdt --background --targets {punctual},{slow}\n" + delayed,
+                   timeout=240).check()  # real clock
+        # (no ack while the run still starts its shard)
+        eventually(kernel, "(nbdist.last_run.control('resume') or [{}])[0].get('held', 0) >= 1", timeout=120)
+        wait_for(open_gate, "the late worker to wait at its gate", timeout=120)
+    finally:
+        open_gate()  # a run that failed before the gate must not leave its engine waiting there
+    kernel.run("%dist wait", timeout=240).check()
     log = push_log(kernel)
     first = {w: next(e for e in log if e["worker"] == w) for w in (0, 1)}
-    # without the barrier the punctual worker's first push would be applied at once, and the late worker's
-    # first one would come 3 s of the other's steps later; held, both first pushes are at most N - 1 stale
+    # without the barrier the punctual worker's first push would have been applied while the late worker had
+    # not begun (the shard would hold nothing); held, both first pushes are at most N - 1 stale
     assert all(e["staleness"] <= 1 for e in first.values()), first
     assert sorted(log.index(e) for e in first.values()) == [0, 1]
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
+from ..limits import LIMITS
 from ..optimizer_state import ITERATIONS
 from . import rules, wire
 from .compression import decode_push
@@ -26,7 +27,6 @@ from .release import SynchronousRounds, policy_for
 from .updaters import CommitUpdater, make_updater
 from .zero_copy import SharedArrays
 
-HEARTBEAT_TIMEOUT_S = 5.0
 NEEDS_MODEL = ("push", "pull", "probe", "epoch", "done", "learning_rate", "report", "turn", "profile")
 CONTROLLER = "controller"
 CONTROLLER_KINDS = {"state", "stats", "restore", "stop", "heartbeat", "control", "admit", "drop"}
@@ -110,7 +110,7 @@ class Shard:
                                  bool(config.get("start_barrier")))
         self.momentum: float | None = config.get("momentum")
         self.optimizer_backend: str = config.get("optimizer_backend", "auto")  # "keras": never the numpy rules
-        self.heartbeat_timeout_s: float = config.get("heartbeat_timeout_s", HEARTBEAT_TIMEOUT_S)
+        self.heartbeat_timeout_s: float = config.get("heartbeat_timeout_s", LIMITS.shard_worker_silence_s)
         self.max_bytes: int = config.get("max_bytes", wire.DEFAULT_MAX_BYTES)
         self.extension = load_extension(config.get("extension"))
         self.workers = {k: WorkerState() for k in range(config["workers"])}
@@ -413,7 +413,8 @@ class Shard:
     def control_state(self) -> dict:
         return {"paused": self.paused, "finishing": self.finishing, "lr_scale": self.lr_scale,
                 "max_staleness": getattr(self.policy, "bound", None), "version": self.version,
-                "synchronous": self.synchronous, "evicted": [k for k, w in self.workers.items() if w.evicted]}
+                "synchronous": self.synchronous, "evicted": [k for k, w in self.workers.items() if w.evicted],
+                "held": len(self.waiting)}  # requests held (paused, a barrier, a bound): their workers wait
 
     def log_push(self, worker, step, staleness, info: dict, t: float | None = None) -> None:
         self.log.append([round(time.time() if t is None else t, 6), worker, step, self.version, staleness,
