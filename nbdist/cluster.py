@@ -41,6 +41,8 @@ class EngineInfo:
     net_ns: int | None = None  # its network namespace (an engine in a container or netns has its own)
     python: str | None = None  # the engine's interpreter: where to install what it lacks
     gpu: str | None = None  # the host GPU it was pinned to (nbdist.gpus), * when shared
+    threads: str | None = None  # its TensorFlow intra/inter-op threads, read back there (nbdist.threads)
+    threads_how: str | None = None  # how they were set ("environment", "tf.config", "off", "not applied: ...")
     local_rank: int | None = None  # its index among the engines of its machine (the GPU it got)
     horovod_built: dict | None = None  # what its Horovod was built with (nbdist.horovod.built_with)
 
@@ -51,10 +53,12 @@ class EngineInfo:
 class ClusterHandle:
     """A client connection to an ipyparallel cluster, plus the cluster itself when nbdist started it."""
 
-    def __init__(self, client, cluster=None, watcher: lifeline.Lifeline | None = None):
+    def __init__(self, client, cluster=None, watcher: lifeline.Lifeline | None = None,
+                 threads: int | str | None = None):
         self.client = client
         self.cluster = cluster  # an ipyparallel.Cluster when nbdist started it, else None
         self.lifeline = watcher  # stops (or releases) the cluster should this process die
+        self.threads = threads  # --threads: None (each engine's share of its host), a number, or "off"
         self._info: dict[int, EngineInfo] = {}
         self._local_boot_id = engine.boot_id()
         self._local_net_ns = engine.network_namespace()
@@ -62,8 +66,10 @@ class ClusterHandle:
         self.warned: set[str] = set()  # compatibility warnings shown for this connection (once each)
 
     @classmethod
-    def start(cls, n: int, engines: str = "local", profile: str | None = None) -> "ClusterHandle":
-        """Start a cluster through `ipyparallel.Cluster` (any of its engine launchers) and wait for it."""
+    def start(cls, n: int, engines: str = "local", profile: str | None = None,
+              threads: int | str | None = None) -> "ClusterHandle":
+        """Start a cluster through `ipyparallel.Cluster` (any of its engine launchers) and wait for it;
+        `threads`: each engine's TensorFlow threads (`nbdist.threads.share`'s override)."""
         import ipyparallel as ipp
 
         kwargs = {"n": n, "engines": engines, "controller_args": list(HEARTBEAT_ARGS),
@@ -81,12 +87,13 @@ class ClusterHandle:
             _stop_quietly(cluster)
             watcher.stop()
             raise ClusterError(f"could not start {n} {engines} engine(s): {exc}") from None
-        return cls(client, cluster, watcher)
+        return cls(client, cluster, watcher, threads)
 
     @classmethod
     def connect(cls, profile: str | None = None, cluster_id: str | None = None,
-                file: str | None = None, timeout: float = 10) -> "ClusterHandle":
-        """Connect to a running cluster by profile, cluster id or connection file."""
+                file: str | None = None, timeout: float = 10, threads: int | str | None = None) -> "ClusterHandle":
+        """Connect to a running cluster by profile, cluster id or connection file; `threads` as in `start`
+        (engines whose TensorFlow started before keep their threads)."""
         import ipyparallel as ipp
 
         kwargs: dict = {"timeout": timeout}
@@ -106,9 +113,9 @@ class ClusterHandle:
             ) from None
         stale = lifeline.adoptable(lifeline.stale_clusters(), file or _client_file(profile, cluster_id))
         if stale is not None:  # nbdist started it for this notebook, in a kernel now gone: ours again
-            return cls(client, *_adopt(stale))
+            return cls(client, *_adopt(stale), threads)
         where = {"connection_info": file, "profile": profile, "cluster_id": cluster_id}
-        return cls(client, None, lifeline.Lifeline.start(release=where))
+        return cls(client, None, lifeline.Lifeline.start(release=where), threads)
 
     def add(self, n: int, wait: bool = True) -> list[int]:
         """Start `n` more engines through the launcher of the cluster nbdist started; their ids (with `wait`
@@ -190,13 +197,14 @@ class ClusterHandle:
         return sorted(set(self.client.ids if self.client else ()) | set(self._info))
 
     def refresh(self, ids: list[int] | None = None) -> None:
-        """Probe idle engines not yet known (imports TensorFlow there, warming them up)."""
+        """Probe idle engines not yet known (imports TensorFlow there, warming them up), after pinning
+        their GPU and their TensorFlow threads (engines probed before keep theirs)."""
         busy = self.busy()
         todo = [e for e in (ids if ids is not None else self.ids()) if e not in self._info and e not in busy]
         if not todo:
             return
         slots = self._gpu_slots(todo)
-        results = {eid: self.client[eid].apply_async(_pin_then_probe, slots.get(eid)) for eid in todo}
+        results = {eid: self.client[eid].apply_async(_pin_then_probe, slots.get(eid), self.threads) for eid in todo}
         known = {f.name for f in fields(EngineInfo)}  # an engine with another nbdist may report more or less
         for eid, ar in results.items():
             try:
@@ -207,7 +215,8 @@ class ClusterHandle:
 
     def _gpu_slots(self, todo: list[int]) -> dict[int, tuple]:
         """(local rank, local size, shares the kernel's GPUs) of each new engine on its machine, so its
-        GPU is pinned before its TensorFlow starts (nbdist.gpus)."""
+        GPU (nbdist.gpus) and its share of the machine's cores (nbdist.threads) are pinned before its
+        TensorFlow starts."""
         calls = {eid: self.client[eid].apply_async(_call, "nbdist.engine.machine") for eid in todo}
         machines = {}
         for eid, ar in calls.items():
@@ -270,15 +279,17 @@ def _call(path: str, *args):
     return getattr(importlib.import_module(module), name)(*args)
 
 
-def _pin_then_probe(slot):
-    """Runs on an engine: pin its GPU when its nbdist can (`slot` from `_gpu_slots`), then probe it."""
+def _pin_then_probe(slot, threads=None):
+    """Runs on an engine: pin its GPU and its TensorFlow threads when its nbdist can (`slot` from
+    `_gpu_slots`, `threads` the override of `nbdist.threads.share`), then probe it."""
     import importlib
 
     if slot is not None:
-        try:
-            importlib.import_module("nbdist.gpus").pin(*slot)
-        except ImportError:
-            pass
+        for module, args in (("nbdist.gpus", slot), ("nbdist.threads", (slot[1], threads))):
+            try:
+                importlib.import_module(module).pin(*args)
+            except ImportError:  # an engine with an older nbdist: probed as it is
+                pass
     return importlib.import_module("nbdist.engine").probe()
 
 

@@ -85,20 +85,21 @@ def machine() -> str:
 
 def probe() -> dict:
     """What `%dist status` shows for this engine; importing TensorFlow here also warms the engine up
-    (after `nbdist.gpus.pin` when the kernel pinned this engine's GPU first)."""
-    pinned = horovod_built = None
+    (after `nbdist.gpus.pin` and `nbdist.threads.pin` when the kernel pinned this engine first)."""
+    pinned = horovod_built = pools = None
     try:  # an engine with another nbdist may lack these modules: it still reports its versions
-        from . import gpus, horovod
+        from . import gpus, horovod, threads
 
         pinned = gpus.pinned()
     except ImportError:
-        horovod = None
+        horovod = threads = None
     visible: list[str] = []
     try:
         import tensorflow as tf
 
         visible = [d.name for d in tf.config.get_visible_devices("GPU")]
         horovod_built = horovod.built_with() if horovod is not None else None
+        pools = threads.applied() if threads is not None else None
     except ImportError:
         pass
     return {
@@ -111,6 +112,8 @@ def probe() -> dict:
         **versions(),
         "gpu": (pinned or {}).get("gpu"),
         "local_rank": (pinned or {}).get("local_rank"),
+        "threads": (pools or {}).get("threads"),
+        "threads_how": (pools or {}).get("how"),
         "horovod_built": horovod_built,
     }
 

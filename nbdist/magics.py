@@ -8,7 +8,7 @@ from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from . import gpus, report
+from . import gpus, report, threads
 from .progress import TextProgress
 from .strategies import COMMON_OPTIONS, on_register, strategy_names, strategy_options
 
@@ -63,6 +63,10 @@ class NbdistMagics(Magics):
     @magic_arguments.argument("--kernel-gpu", action="store_true",
                               help="start/connect: let this kernel's TensorFlow use the GPUs too (nbdist hides them "
                                    "from it); engines on this host then share them with memory growth")
+    @magic_arguments.argument("--threads", default=None, metavar="N",
+                              help="start/connect: TensorFlow intra-/inter-op threads of each engine (default: its "
+                                   "share of its host's cores: cores / engines of the host, at least 1); `off` "
+                                   "leaves TensorFlow's default (every core, for each engine)")
     @magic_arguments.argument("--stale", action="store_true",
                               help="stop: stop the clusters that previous kernels of this notebook left "
                                    "running (status names them), not this kernel's")
@@ -75,6 +79,7 @@ class NbdistMagics(Magics):
             %dist start -n 4                 # 4 local engines through ipyparallel.Cluster
             %dist start -n 8 --engines mpi   # any ipyparallel launcher
             %dist start -n 2 --kernel-gpu    # the notebook's own TensorFlow may use the GPUs too
+            %dist start -n 4 --threads 2     # 2 TensorFlow threads per engine (default: its share of the host)
             %dist add -n 2                   # 2 more engines; a running run takes them in
             %dist connect --profile mycluster
             %dist status                     # one row per engine
@@ -99,7 +104,7 @@ class NbdistMagics(Magics):
             n = 2 if args.n is None else args.n
             if n < 1:
                 raise UsageError(f"%dist start -n takes a positive number of engines. Received: -n {n}")
-            session.start(n, args.engines, args.profile)
+            session.start(n, args.engines, args.profile, threads=_threads(args.threads))
             _print_engines(session.cluster)
         elif args.action == "add":
             if not args.n or args.n < 1:
@@ -112,7 +117,8 @@ class NbdistMagics(Magics):
         elif args.action == "connect":
             if not (args.profile or args.cluster_id or args.file):
                 args.profile = "default"
-            session.connect(profile=args.profile, cluster_id=args.cluster_id, file=args.file)
+            session.connect(profile=args.profile, cluster_id=args.cluster_id, file=args.file,
+                            threads=_threads(args.threads))
             _print_engines(session.cluster)
         elif args.action == "stop":
             print(f"nbdist: {session.stop_stale() if args.stale else session.stop()}")
@@ -189,6 +195,14 @@ class NbdistMagics(Magics):
         if not outcome.success:
             raise UsageError("the definition cell failed here (see above), so it was not recorded")
         self.session.record_definition(cell, name=args.name or cell_id)
+
+
+def _threads(text):
+    """`--threads` as `Session.start` takes it; a bad value is the user's to fix."""
+    try:
+        return threads.parse(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _print_engines(cluster) -> None:
@@ -290,8 +304,8 @@ def _is_number(text: str) -> bool:
         return False
 
 
-_DIST_ARGS_BY_ACTION = {"start": {"n", "engines", "profile", "kernel_gpu"}, "add": {"n"},
-                        "connect": {"profile", "cluster_id", "file", "kernel_gpu"},
+_DIST_ARGS_BY_ACTION = {"start": {"n", "engines", "profile", "kernel_gpu", "threads"}, "add": {"n"},
+                        "connect": {"profile", "cluster_id", "file", "kernel_gpu", "threads"},
                         "stop": {"stale"}}
 
 

@@ -15,18 +15,24 @@ def table(header: list[str], rows: list[list]) -> str:
 
 
 def engine_table(rows) -> str:
-    """One row per engine: id, host, pid, CPUs, GPUs it sees, TF/Keras/Horovod versions, state, and (on
-    GPU hosts) the host GPU it was pinned to (nbdist.gpus; * when memory growth is on: a shared GPU)."""
+    """One row per engine: id, host, pid, CPUs, GPUs it sees, TF/Keras/Horovod versions, its TensorFlow
+    intra/inter-op threads (nbdist.threads, read back there), state, and (on GPU hosts) the host GPU
+    it was pinned to (nbdist.gpus; * when memory growth is on: a shared GPU)."""
     if not rows:
         return "no engines (start some with %dist start -n 2)"
     pinned = any(i.gpu for i, _ in rows)
     text = table(
-        ["id", "host", "pid", "cpus", "gpus", "tensorflow", "keras", "horovod", "state", *(["gpu"] if pinned else [])],
+        ["id", "host", "pid", "cpus", "gpus", "tensorflow", "keras", "horovod", "threads", "state",
+         *(["gpu"] if pinned else [])],
         [[i.id, i.host, i.pid, i.cpus, len(i.gpus) if i.gpus is not None else "?", i.tensorflow or "-",
-          i.keras or "-", i.horovod or "-", state, *([i.gpu or "-"] if pinned else [])] for i, state in rows],
+          i.keras or "-", i.horovod or "-", i.threads or "-", state, *([i.gpu or "-"] if pinned else [])]
+         for i, state in rows],
     )
     if any((i.gpu or "").endswith("*") for i, _ in rows):
         text += "\n* shared GPU (with other engines or the notebook): TensorFlow's memory growth is on"
+    for i, _ in rows:
+        if (i.threads_how or "").startswith("not applied"):
+            text += f"\nengine {i.id}: threads {i.threads_how} (TensorFlow started there before nbdist could set them)"
     return text
 
 

@@ -45,6 +45,16 @@ def test_unknown_dist_action_and_misplaced_flags(ip):
         ip.run_line_magic("dist", "start -n 0")
 
 
+def test_dist_refuses_bad_threads_saying_what_to_give(ip):
+    with pytest.raises(UsageError, match=r"--threads takes a number of threads per engine \(1 or more\), `auto`"):
+        ip.run_line_magic("dist", "start -n 2 --threads 0")
+    with pytest.raises(UsageError, match="Received: --threads many"):
+        ip.run_line_magic("dist", "connect --cluster-id x --threads many")
+    with pytest.raises(UsageError, match="--threads does not apply to %dist status"):
+        ip.run_line_magic("dist", "status --threads 2")
+    assert "--threads N" in ip.find_line_magic("dist").__doc__
+
+
 def test_no_cluster_says_how_to_start_one(ip, session):
     with pytest.raises(ClusterError, match="%dist start -n 2"):
         ip.run_line_magic("dist", "status")

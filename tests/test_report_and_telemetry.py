@@ -14,9 +14,20 @@ def test_engine_table_has_one_row_per_engine_with_state():
     rows = [(EngineInfo(0, "h1", 11, None, 2, [], "2.21.0", "3.15.1", "0.28.1"), "idle"),
             (EngineInfo(1, "h2", 12, None, 8, ["/GPU:0", "/GPU:1"], "2.21.0", "3.15.1", None), "dead")]
     lines = report.engine_table(rows).splitlines()
-    assert lines[0].split() == ["id", "host", "pid", "cpus", "gpus", "tensorflow", "keras", "horovod", "state"]
-    assert lines[2].split() == ["0", "h1", "11", "2", "0", "2.21.0", "3.15.1", "0.28.1", "idle"]
-    assert lines[3].split() == ["1", "h2", "12", "8", "2", "2.21.0", "3.15.1", "-", "dead"]
+    assert lines[0].split() == ["id", "host", "pid", "cpus", "gpus", "tensorflow", "keras", "horovod", "threads",
+                                "state"]
+    assert lines[2].split() == ["0", "h1", "11", "2", "0", "2.21.0", "3.15.1", "0.28.1", "-", "idle"]
+    assert lines[3].split() == ["1", "h2", "12", "8", "2", "2.21.0", "3.15.1", "-", "-", "dead"]
+
+
+def test_engine_table_shows_threads_and_says_why_they_were_not_applied():
+    rows = [(EngineInfo(0, "h1", 11, threads="1/1", threads_how="environment"), "idle"),
+            (EngineInfo(1, "h1", 12, threads="default", threads_how="not applied: Intra op parallelism cannot be "
+                                                                    "modified after initialization."), "idle")]
+    lines = report.engine_table(rows).splitlines()
+    assert [line.split()[-2:] for line in lines[2:4]] == [["1/1", "idle"], ["default", "idle"]]
+    assert lines[4] == ("engine 1: threads not applied: Intra op parallelism cannot be modified after "
+                        "initialization. (TensorFlow started there before nbdist could set them)")
 
 
 def test_make_record_fills_the_schema_and_refuses_strangers():
