@@ -10,18 +10,16 @@ from dataclasses import dataclass, field, fields
 
 from . import engine, gpus, lifeline
 from .errors import ClusterError
+from .limits import LIMITS
 
-# The hub unregisters an engine that misses this many 1 s heartbeats, so a dead engine is
-# named within seconds rather than ipyparallel's default 30 s (clusters nbdist starts only).
-HEARTBEAT_ARGS = ["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonitor_misses=5"]
+# The hub unregisters an engine that misses LIMITS.hub_heartbeat_misses (5) 1 s heartbeats, so a dead engine
+# is named within seconds rather than ipyparallel's default 30 s (clusters nbdist starts only).
+HEARTBEAT_ARGS = ["--HeartMonitor.period=1000",
+                  f"--HeartMonitor.max_heartmonitor_misses={LIMITS.hub_heartbeat_misses}"]
 # ... and an engine shuts itself down after 5 checks (every period + 0.5 s) without the hub's ping,
 # so engines on other hosts go within 7.5 s of their controller (ipyparallel's default: 50 checks).
 # An engine runs the check between tasks: one in the middle of a task goes when the task ends.
-ENGINE_ARGS = ["--IPEngine.max_heartbeat_misses=5"]
-PROBE_TIMEOUT_S = 60
-ENGINE_START_TIMEOUT_S = 120
-RELEASE_TIMEOUT_S = 5
-BUSY_SETTLE_S = 0.5  # how long the hub may lag behind a result this client already has
+ENGINE_ARGS = [f"--IPEngine.max_heartbeat_misses={LIMITS.engine_heartbeat_misses}"]
 
 
 @dataclass
@@ -64,6 +62,7 @@ class ClusterHandle:
         self._local_net_ns = engine.network_namespace()
         self._local_machine = engine.machine()
         self.warned: set[str] = set()  # compatibility warnings shown for this connection (once each)
+        self.stopping: dict[int, object] = {}  # engine -> the task an interrupt has not ended yet (AsyncResult)
 
     @classmethod
     def start(cls, n: int, engines: str = "local", profile: str | None = None,
@@ -73,7 +72,7 @@ class ClusterHandle:
         import ipyparallel as ipp
 
         kwargs = {"n": n, "engines": engines, "controller_args": list(HEARTBEAT_ARGS),
-                  "log_level": logging.WARNING, "engine_timeout": ENGINE_START_TIMEOUT_S}
+                  "log_level": logging.WARNING, "engine_timeout": LIMITS.engine_start_s}
         if profile:
             kwargs["profile"] = profile
         cluster = ipp.Cluster(**kwargs)
@@ -131,7 +130,7 @@ class ClusterHandle:
             self.cluster.start_engines_sync(n)
             if not wait:
                 return []
-            self.client.wait_for_engines(len(before) + n, timeout=ENGINE_START_TIMEOUT_S, block=True)
+            self.client.wait_for_engines(len(before) + n, timeout=LIMITS.engine_start_s, block=True)
         except Exception as exc:  # the launcher's or the wait's: say which engines came
             came = sorted(set(self.client.ids) - before)
             raise ClusterError(f"could not add {n} engine(s): {exc}; registered: {came or 'none'} "
@@ -181,13 +180,26 @@ class ClusterHandle:
         ids = self.ids()
         if not ids:
             return set()
-        deadline = time.time() + BUSY_SETTLE_S
+        deadline = time.time() + LIMITS.hub_settle_s
         while True:
             status = self.client.queue_status(targets=ids)
             busy = {eid for eid in ids if status.get(eid, {}).get("queue", 0) or status.get(eid, {}).get("tasks", 0)}
             if not busy or self.client.outstanding or time.time() > deadline:
                 return busy
             time.sleep(0.01)
+
+    def settle(self, timeout: float) -> list[int]:
+        """Wait (at most `timeout` s in all) for the tasks a stopped run left ending (`stopping`); the engines
+        whose task still runs."""
+        deadline = time.time() + timeout
+        for eid, task in list(self.stopping.items()):
+            try:
+                task.wait(max(0.0, deadline - time.time()))
+            except Exception:  # the interrupt ends the task with an error: expected
+                pass
+            if task.ready() or eid not in self.ids():
+                del self.stopping[eid]
+        return sorted(self.stopping)
 
     def info(self, eid: int) -> EngineInfo:
         return self._info.get(eid) or EngineInfo(eid)
@@ -208,8 +220,8 @@ class ClusterHandle:
         known = {f.name for f in fields(EngineInfo)}  # an engine with another nbdist may report more or less
         for eid, ar in results.items():
             try:
-                self._info[eid] = EngineInfo(eid, **{k: v for k, v in ar.get(timeout=PROBE_TIMEOUT_S).items()
-                                                     if k in known and k != "id"})
+                probed = ar.get(timeout=LIMITS.engine_probe_s)
+                self._info[eid] = EngineInfo(eid, **{k: v for k, v in probed.items() if k in known and k != "id"})
             except Exception as exc:  # a broken engine still gets a row, marked by its error
                 self._info[eid] = EngineInfo(eid, host=f"? ({type(exc).__name__})")
 
@@ -221,7 +233,7 @@ class ClusterHandle:
         machines = {}
         for eid, ar in calls.items():
             try:
-                machines[eid] = ar.get(timeout=PROBE_TIMEOUT_S)
+                machines[eid] = ar.get(timeout=LIMITS.engine_probe_s)
             except Exception:  # probed next without a slot, and its row says what failed
                 continue
         alive = set(self.ids())
@@ -345,7 +357,7 @@ def _release(client) -> None:
     """Clear what nbdist's cells left on a connected cluster's engines (they keep running)."""
     try:
         if client.ids:
-            client[:].apply_async(engine.release).get(timeout=RELEASE_TIMEOUT_S)
+            client[:].apply_async(engine.release).get(timeout=LIMITS.engine_release_s)
     except Exception as exc:  # a busy engine releases when its task ends; the disconnect goes on
         logging.getLogger("nbdist").info("releasing the engines: %s", exc)
 

@@ -434,8 +434,10 @@ def _stop_workers(cluster: ClusterHandle, pending: dict) -> str:
         except Exception:  # the interrupt surfaces as an error on the engine: expected
             pass
     still = [eid for eid in running if not pending[eid].ready()]
-    if still:
-        return f"engines {still} did not stop within {LIMITS.stop_s} s (see %dist status)"
+    if still:  # the next cell waits for them before it chooses its engines
+        cluster.stopping.update({eid: pending[eid] for eid in still})
+        return (f"engine(s) {still} did not stop within {LIMITS.stop_s:g} s of the interrupt (still inside a "
+                "collective or the cell's own code); the next cell waits for them, see %dist status")
     return f"stopped on engine(s) {running}"
 
 

@@ -298,6 +298,11 @@ class Session:
     def _choose_workers(strategy, cluster, options) -> list[int]:
         """The run's engines; engines started a moment ago get a few seconds to reach this client."""
         targets = _parse_targets(options.get("targets"))
+        still = cluster.settle(LIMITS.stop_s)  # engines a stopped run left still ending its cell
+        if still and not options.get("workers") and targets and set(targets) & set(still):
+            raise ClusterError(f"engine(s) {sorted(set(targets) & set(still))} still run the cell of a run that was "
+                               f"stopped {LIMITS.stop_s:g} s ago (stuck in its own code or a collective?): interrupt "
+                               "the kernel again, or restart those engines, then run this cell again.")
         deadline = time.time() + LIMITS.registration_grace_s
         while True:
             ids = set(cluster.ids())  # the hub lists a killed engine for a while: its process is checked too

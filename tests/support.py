@@ -27,6 +27,19 @@ history = model.fit(x, y, batch_size={batch}, epochs={epochs}, steps_per_epoch={
 '''
 
 
+def dies_at(pid: int, step: int) -> str:
+    """Training-cell code defining the callback `DiesAt()`: engine process `pid` kills itself (SIGKILL) as step
+    `step` (0-based, counted by the optimizer) begins, so its peers are inside that step's collectives: the same
+    moment every run, unlike a kill from outside."""
+    return f'''
+import os as _os, signal as _signal
+class DiesAt(keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+        if _os.getpid() == {pid} and int(self.model.optimizer.iterations.numpy()) == {step}:
+            _os.kill(_os.getpid(), _signal.SIGKILL)
+'''
+
+
 def message(kind, arrays=None, **fields):
     """A message as a shard receives it: encoded and decoded under the test key."""
     return wire.decode(KEY, wire.encode(KEY, kind, arrays, **fields))

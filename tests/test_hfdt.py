@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from tests.conftest import TRAIN
-from tests.support import eventually, new_engine, own_cluster, scaled, within
+from tests.support import dies_at, eventually, new_engine, own_cluster, scaled, within
 
 pytestmark = pytest.mark.cluster
 cluster = own_cluster(engines=2)  # its tests kill, stall and interrupt engines
@@ -70,11 +70,11 @@ def test_engine_killed_mid_run_fails_fast_and_next_hfdt_cell_works(kernel, clust
     survivor, victim = sorted(set(client.ids) - before)
     pid = client[victim].apply_sync(os.getpid)
 
-    msg_id = kernel.submit(f"%%distribute --strategy hfdt --on-failure fail --targets {survivor},{victim}\n"
-                           + TRAIN.format(epochs=200))
-    kernel.collect(msg_id, timeout=180, until_output="step")
-    os.kill(pid, signal.SIGKILL)
-    reply = kernel.collect(msg_id, timeout=120)
+    # the victim dies as its 11th step begins, the survivor inside that step's allreduce
+    cell = dies_at(pid, 10) + TRAIN.format(epochs=200).replace("validation_data=(xt, yt))",
+                                                              "validation_data=(xt, yt), callbacks=[DiesAt()])")
+    reply = kernel.run(f"%%distribute --strategy hfdt --on-failure fail --targets {survivor},{victim}\n" + cell,
+                       timeout=240)
     assert reply.ename == "EngineDied", reply.error_text
     assert f"engine {victim} (host " in reply.evalue and f"pid {pid}" in reply.evalue
     # The survivor was freed (Horovod shut down) and trains again with another engine.
@@ -82,22 +82,11 @@ def test_engine_killed_mid_run_fails_fast_and_next_hfdt_cell_works(kernel, clust
     assert kernel.value(WEIGHTS_OF_RANKS) <= 1e-6
 
 
-DIES_ON_RANK_2 = '''
-import os, signal
-class DiesOnRank2(keras.callbacks.Callback):
-    """Rank 2's engine dies (SIGKILL) as step {step} begins: the same step every run, the others inside it."""
-    def on_train_batch_begin(self, batch, logs=None):
-        if int(self.model.optimizer.iterations.numpy()) == {step} and os.environ.get("HOROVOD_RANK") == "2":
-            os.kill(os.getpid(), signal.SIGKILL)
-'''
-
-
 def test_a_rank_killed_mid_run_leaves_the_survivors_training_to_the_end_with_equal_weights(kernel, cluster):
     victim, pid = new_engine(cluster)
     steps = 21  # an epoch: a rank's 667 (or 666) strided samples of 2000 in batches of 32
-    cell = DIES_ON_RANK_2.format(step=steps) + TRAIN.format(epochs=EPOCHS).replace(
-        "batch_size=64", "batch_size=32").replace("validation_data=(xt, yt))", "validation_data=(xt, yt), "
-                                                  "callbacks=[DiesOnRank2()])")
+    cell = dies_at(pid, steps) + TRAIN.format(epochs=EPOCHS).replace("batch_size=64", "batch_size=32").replace(
+        "validation_data=(xt, yt))", "validation_data=(xt, yt), callbacks=[DiesAt()])")
     kernel.run(f"%%distribute --strategy hfdt --seed 3 --targets 0,1,{victim}\n" + cell, timeout=300).check()
     run = kernel.value("{'events': nbdist.last_run.events, 'loss': history.history['loss'], "
                        "'val': history.history['val_accuracy']}")

@@ -3,12 +3,9 @@ holding half of every split kernel, and a dead engine named."""
 
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
 
-from tests.support import idle_engines, new_engine, own_cluster
+from tests.support import dies_at, idle_engines, new_engine, own_cluster
 
 pytestmark = pytest.mark.cluster
 cluster = own_cluster(engines=2)  # a test kills an engine
@@ -71,11 +68,10 @@ def test_twenty_steps_equal_local_and_each_engine_holds_half_of_every_split_kern
 def test_a_dead_engine_fails_the_run_naming_it_and_the_cluster_serves_the_next_cell(kernel, cluster):
     survivor = idle_engines(cluster, 1)[0]
     victim, pid = new_engine(cluster)
-    msg_id = kernel.submit(f"%%distribute --strategy tensor --targets {survivor},{victim}\n"
-                           + CELL.format(build="mlp", x="tx", epochs=2000, steps="None"))
-    kernel.collect(msg_id, timeout=180, until_output="step")
-    os.kill(pid, signal.SIGKILL)
-    reply = kernel.collect(msg_id, timeout=120)
+    # the victim dies as its 11th step begins, the survivor inside that step's collectives
+    cell = dies_at(pid, 10) + CELL.format(build="mlp", x="tx", epochs=2000, steps="None").replace(
+        "shuffle=False)", "shuffle=False, callbacks=[DiesAt()])")
+    reply = kernel.run(f"%%distribute --strategy tensor --targets {survivor},{victim}\n" + cell, timeout=240)
     assert reply.ename == "EngineDied" and f"engine {victim} (host " in reply.evalue, reply.error_text
     kernel.run(f"%%distribute --strategy tensor --targets {','.join(map(str, idle_engines(cluster, 2)))}\n"
                + CELL.format(build="mlp", x="tx", epochs=1, steps=2), timeout=180).check()
