@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 import pytest
 
@@ -39,3 +40,17 @@ def test_a_late_sigint_is_dropped_then_the_engines_own_handler_has_it_again(guar
     monkeypatch.setattr(guard._state, "ended_at", guard._state.ended_at - LIMITS.late_interrupt_s)
     interrupt()
     assert seen == [signal.SIGINT]
+
+
+def test_an_interrupt_while_training_calls_what_waits_inside_an_op_from_another_thread(guard):
+    """A SIGINT also wakes the guard's own thread (the main thread may sit inside TensorFlow, where Python's
+    handler cannot run): what the cell registered gives up at once; the wake-up fd is given back after."""
+    before = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(before)
+    gave_up = threading.Event()
+    with guard.training(), guard.on_interrupt(gave_up.set):
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            threading.Event().wait(10)  # bounded: the handler's KeyboardInterrupt ends it
+        assert gave_up.wait(10)
+    assert signal.set_wakeup_fd(before) == before

@@ -7,13 +7,13 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 
 import pytest
 
 from nbdist import threads
 from nbdist.threads import Threads
 from tests.kernel_driver import KernelDriver
+from tests.support import own_cluster
 
 
 def test_each_engine_gets_its_share_of_its_hosts_cores_at_least_one():
@@ -122,28 +122,12 @@ def _engine_threads():
             "inter_pool": len(pool)}
 
 
-@pytest.fixture(scope="module")
-def own_cluster():
-    """This module's own 2-engine local cluster (its engines' TensorFlow starts after nbdist pins them)."""
-    import ipyparallel as ipp
-
-    from nbdist.cluster import HEARTBEAT_ARGS
-
-    cluster = ipp.Cluster(n=2, cluster_id=f"nbdist-threads-{uuid.uuid4().hex[:8]}",
-                          controller_args=list(HEARTBEAT_ARGS), log_level=30)
-    client = cluster.start_and_connect_sync()
-    try:
-        client.wait_for_engines(2, timeout=120)
-        yield cluster, client
-    finally:
-        client.close()
-        cluster.stop_cluster_sync()
+cluster = own_cluster(engines=2)  # its engines' TensorFlow starts after nbdist pins them
 
 
 @pytest.fixture(scope="module")
-def threads_kernel(own_cluster):
+def threads_kernel(cluster):
     """A kernel with nbdist loaded and connected to this module's cluster."""
-    cluster, _ = own_cluster
     driver = KernelDriver()
     try:
         driver.run("%load_ext nbdist\nimport nbdist").check()
@@ -161,8 +145,8 @@ def _threads_column(status: str) -> list[str]:
 
 
 @pytest.mark.timeout(400)
-def test_connected_engines_share_this_hosts_cores(own_cluster, threads_kernel):
-    _, client = own_cluster
+def test_connected_engines_share_this_hosts_cores(cluster, threads_kernel):
+    client = cluster.client
     share = threads.share(len(os.sched_getaffinity(0)), 2)  # 2 engines on this host
     assert _threads_column(threads_kernel.connected) == [share.label()] * 2, threads_kernel.connected
     seen = client[:].apply_sync(_engine_threads)

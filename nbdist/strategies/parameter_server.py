@@ -23,7 +23,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from .. import optimizer_state
+from .. import interrupt_guard, optimizer_state
 from ..errors import NbdistError, OptionError, ParameterServerFailed
 from ..hetero import Profile, Slowdown, StepCost, parse_clock, parse_simulate
 from ..keras_bridge import apply_gradients_restored, build_for_training
@@ -60,37 +60,42 @@ class PsWorker(Worker):
                           else LIMITS.ps_reply_s)
         exchange = self.exchange_class(client, plan, names, request.samples_per_step, Slowdown(self.simulated))
         user = self.user_callbacks(request)
-        try:
-            if self.rank == 0:
-                _init_shards(client, model, spec, plan, names, self._step_cost(model, data, request))
-            assign(variables, exchange.pull())
-            if self.virtual_step is not None or exchange.pulled.get("step"):
-                self.virtual_step = StepCost(**(exchange.pulled.get("step") or self.virtual_step.to_json()))
-                exchange.virtual = VirtualClock(self.simulated or Profile(), self.virtual_step,
-                                                request.samples_per_step or 32)
-            self.fit_timings = {"overlap": overlap_decision(self.config.get("overlap") or "off", spec,
-                                                            self.config.get("rule"))}
-            if self.fit_timings["overlap"] == "on":
-                exchange.overlap()
-            with apply_gradients_restored(model):
-                own = self.connect(exchange, model, variables)
-                follow = [follow_learning_rate(client, optimizer)] if self.rank == 0 and self.uses_ps_optimizer else []
-                share = (self.config.get("fractions") or [1.0] * self.size)[self.rank]
-                callbacks = [epoch_agreement(client, exchange, share), *user, *follow, *own, stop_when_asked(exchange)]
-                history = self.train(request, exchange, data, callbacks)
-                for callback in own:
-                    getattr(callback, "finish", lambda: None)()
-                getattr(exchange, "flush", lambda: None)()
-                exchange.close()  # the exchange still in flight is applied before the end barrier
-                self.fit_timings.update(exchange.overlap_timings())
-            assign(variables, exchange.done())  # waits for the other workers; the final PS weights
-            if self.uses_ps_optimizer:
-                _take_optimizer_state(client, optimizer, variables, names)
-            restore_best_weights(user, model)
-            return history
-        finally:
-            exchange.abandon()  # after a failure or an interrupt (a finished fit closed it already)
-            client.close()
+        # the wait for a shard's reply sits inside a TensorFlow op, out of reach of Python's signal handler:
+        # an interrupt (the kernel's, or a dead kernel's watcher) makes that wait give up at once
+        with interrupt_guard.on_interrupt(client.abort):
+            try:
+                if self.rank == 0:
+                    _init_shards(client, model, spec, plan, names, self._step_cost(model, data, request))
+                assign(variables, exchange.pull())
+                if self.virtual_step is not None or exchange.pulled.get("step"):
+                    self.virtual_step = StepCost(**(exchange.pulled.get("step") or self.virtual_step.to_json()))
+                    exchange.virtual = VirtualClock(self.simulated or Profile(), self.virtual_step,
+                                                    request.samples_per_step or 32)
+                self.fit_timings = {"overlap": overlap_decision(self.config.get("overlap") or "off", spec,
+                                                                self.config.get("rule"))}
+                if self.fit_timings["overlap"] == "on":
+                    exchange.overlap()
+                with apply_gradients_restored(model):
+                    own = self.connect(exchange, model, variables)
+                    leads = self.rank == 0 and self.uses_ps_optimizer
+                    follow = [follow_learning_rate(client, optimizer)] if leads else []
+                    share = (self.config.get("fractions") or [1.0] * self.size)[self.rank]
+                    callbacks = [epoch_agreement(client, exchange, share), *user, *follow, *own,
+                                 stop_when_asked(exchange)]
+                    history = self.train(request, exchange, data, callbacks)
+                    for callback in own:
+                        getattr(callback, "finish", lambda: None)()
+                    getattr(exchange, "flush", lambda: None)()
+                    exchange.close()  # the exchange still in flight is applied before the end barrier
+                    self.fit_timings.update(exchange.overlap_timings())
+                assign(variables, exchange.done())  # waits for the other workers; the final PS weights
+                if self.uses_ps_optimizer:
+                    _take_optimizer_state(client, optimizer, variables, names)
+                restore_best_weights(user, model)
+                return history
+            finally:
+                exchange.abandon()  # after a failure or an interrupt (a finished fit closed it already)
+                client.close()
 
     def optimizer_spec(self, optimizer) -> rules.OptimizerSpec:
         """What the PS needs of the cell's optimizer; the delay rules refuse all but SGD."""
