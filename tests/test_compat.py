@@ -9,6 +9,8 @@ from nbdist.cluster import EngineInfo
 from nbdist.compat import problems
 from tests.kernel_driver import KernelDriver
 
+pytestmark = pytest.mark.cluster  # a kernel on the shared cluster
+
 NOTEBOOK = {"nbdist": "0.1.0", "tensorflow": "2.21.0", "keras": "3.15.1", "horovod": "0.28.1", "python": "/nb/python"}
 GLOO_ONLY = {"version": "0.28.1", "gloo": True, "mpi": False, "nccl": 0, "cuda": False, "rocm": False}
 

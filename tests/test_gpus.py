@@ -73,6 +73,7 @@ print(json.dumps({"env": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES",
 """
 
 
+@pytest.mark.cluster  # starts processes
 def test_each_engine_process_of_a_two_gpu_host_receives_its_environment():
     """Three engine processes of one host with 2 GPUs, each pinned before TensorFlow starts in it."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0,1", "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -115,6 +116,7 @@ ENGINE_STATE = ("nbdist.get_session().cluster.client[:].apply_sync(lambda: (__im
                 "'CUDA_VISIBLE_DEVICES'], __import__('os').environ['TF_FORCE_GPU_ALLOW_GROWTH']))")
 
 
+@pytest.mark.cluster  # starts processes
 @pytest.mark.cluster
 @pytest.mark.timeout(400)
 def test_kernel_hides_gpus_and_three_engines_share_two(gpu_kernel):
@@ -131,6 +133,7 @@ def test_kernel_hides_gpus_and_three_engines_share_two(gpu_kernel):
     assert kernel.value(KERNEL_STATE) == ["", "0,1", False]  # the kernel stays off the GPUs
 
 
+@pytest.mark.cluster  # starts processes
 @pytest.mark.cluster
 @pytest.mark.timeout(400)
 def test_kernel_gpu_gives_the_kernel_its_gpus_and_engines_grow(gpu_kernel):
@@ -143,6 +146,7 @@ def test_kernel_gpu_gives_the_kernel_its_gpus_and_engines_grow(gpu_kernel):
     assert [line.split()[-1] for line in status.splitlines() if line[:1].isdigit()] == ["0*", "1*"]
 
 
+@pytest.mark.cluster  # starts processes
 def test_kernel_that_imported_tensorflow_first_hides_gpus_through_tf_config(gpu_kernel):
     kernel = gpu_kernel()
     kernel.run("import os, tensorflow as tf\n%load_ext nbdist\nimport nbdist").check()
@@ -153,6 +157,7 @@ def test_kernel_that_imported_tensorflow_first_hides_gpus_through_tf_config(gpu_
     assert reply.ename == "UsageError" and "--kernel-gpu does not apply to %dist status" in reply.evalue
 
 
+@pytest.mark.cluster  # starts processes
 def test_the_first_placement_stays_on_an_engine():
     code = ("from nbdist import gpus\n"
             "first = gpus.pin(1, 3)\n"

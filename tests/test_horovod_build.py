@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from nbdist import horovod
 from nbdist.horovod import HostFeatures
 
@@ -99,6 +101,7 @@ def test_mpi_world_reads_the_launchers_variables():
     assert horovod.mpi_world({}) is None
 
 
+@pytest.mark.cluster  # starts processes
 def test_install_check_on_this_environment():
     """The real `install --check` of this environment's Horovod (the one make setup built)."""
     done = subprocess.run([sys.executable, "-m", "nbdist.horovod", "install", "--check"], capture_output=True,

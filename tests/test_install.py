@@ -25,7 +25,7 @@ from tests.lab_helpers import SCREENSHOTS, chromium_page, jupyter_lab
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 NODE_TOOLS = ("node", "npm", "npx", "jlpm", "yarn")
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.cluster]  # a fresh venv, a wheel build, JupyterLab and a browser
 
 
 def readme_commands(section: str) -> list[str]:

@@ -16,6 +16,8 @@ import pytest
 from tests.conftest import DEFINITION
 from tests.lab_helpers import SCREENSHOTS, chromium_page, jupyter_lab
 
+pytestmark = pytest.mark.cluster  # jlpm, JupyterLab and a browser
+
 LABEXTENSION = Path(__file__).resolve().parent.parent / "labextension"
 EPOCHS = 200  # the run the sidebar stops: far longer than the test waits
 CELLS = (

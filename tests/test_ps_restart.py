@@ -12,6 +12,8 @@ from nbdist.ps.client import PsClient, PsUnavailable
 from nbdist.ps.service import PsService
 from tests.support import SGD, W0, grads, within
 
+pytestmark = pytest.mark.cluster  # shard processes, killed and restarted
+
 SETTINGS = {"max_staleness": None, "rule": None, "synchronous": False, "momentum": None, "start_barrier": False,
             "clock": "real"}
 

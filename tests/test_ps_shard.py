@@ -209,6 +209,7 @@ def test_a_reply_is_signed_and_a_forged_key_cannot_read_it(shard_process):
         wire.decode(wire.new_key(), frames)
 
 
+@pytest.mark.cluster  # starts processes
 def test_concurrent_pushes_of_large_arrays_all_get_intact_replies():
     """Replies leave zero-copy while later pushes update the same arrays: each reply must still verify."""
     from concurrent.futures import ThreadPoolExecutor
@@ -241,6 +242,7 @@ def test_concurrent_pushes_of_large_arrays_all_get_intact_replies():
         launcher.stop_shard(info["pid"])
 
 
+@pytest.mark.cluster  # starts processes
 def test_a_nan_gradient_is_skipped_by_the_worker_and_repeated_ones_stop_it():
     from nbdist.ps.client import PsClient
     from nbdist.ps.exchange import MAX_NON_FINITE_IN_A_ROW, PushPull
@@ -325,6 +327,7 @@ def test_a_dropped_worker_is_no_longer_waited_for_at_an_epoch_end():
     assert [e["worker"] for e in shard.events if e["event"] == "worker_dropped"] == [1]
 
 
+@pytest.mark.cluster  # starts processes
 def test_the_push_log_keeps_a_window_in_memory_and_every_push_in_its_file(tmp_path):
     """A long run's log must not grow the shard: the stats carry the window, the file every push."""
     from nbdist.ps.client import PsClient

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.cluster  # the benchmarks' scripts against shard processes
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 

@@ -85,6 +85,7 @@ def _pinned_process(when: str, engines: int, override=None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.cluster  # starts processes
 def test_engine_pinned_before_tensorflow_starts_gets_its_threads_by_environment():
     share = threads.share(threads.engine_cores(), 2)
     seen = _pinned_process("before", engines=2)
@@ -93,12 +94,14 @@ def test_engine_pinned_before_tensorflow_starts_gets_its_threads_by_environment(
     assert seen["inter_pool"] == share.inter  # ... and started that many inter-op threads
 
 
+@pytest.mark.cluster  # starts processes
 def test_engine_that_imported_tensorflow_first_gets_them_through_tf_config():
     seen = _pinned_process("after-import", engines=1, override=3)
     assert seen["applied"] == {"threads": "3/3", "how": "tf.config"}
     assert seen["tf"] == [3, 3] and seen["inter_pool"] == 3 and seen["env"] is None
 
 
+@pytest.mark.cluster  # starts processes
 def test_engine_whose_tensorflow_already_started_records_why_not():
     seen = _pinned_process("late", engines=1, override=3)
     assert seen["applied"]["threads"] == "default"
