@@ -3,9 +3,33 @@ workers, a table per worker) when it ends. Used wherever no widget front end is 
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 
 from . import report
+
+
+@contextlib.contextmanager
+def _interrupt_after():
+    """Within: a Ctrl-C waits until the block is done. tqdm takes two locks in turn; a KeyboardInterrupt
+    between them left the first held, and every later bar drawn from another thread (a --background run's)
+    waited for it for ever."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            if callable(previous):
+                previous(signal.SIGINT, caught[0])
+            elif previous != signal.SIG_IGN:
+                raise KeyboardInterrupt
 
 
 class TextProgress:
@@ -20,6 +44,10 @@ class TextProgress:
         latest = run.progress.get(run.workers[0]) if run.workers else None
         if not latest or not latest.get("steps") or not latest.get("epochs"):
             return
+        with _interrupt_after():
+            self._draw(run, latest)
+
+    def _draw(self, run, latest: dict) -> None:
         total = latest["epochs"] * latest["steps"]
         if self._bar is None:
             from tqdm.std import tqdm
@@ -38,7 +66,8 @@ class TextProgress:
 
     def close(self) -> None:
         if self._bar is not None:
-            self._bar.close()
+            with _interrupt_after():
+                self._bar.close()
             self._bar = None
         run = self.run
         line = f"nbdist: run {run.id} ({run.strategy} on engine(s) {run.workers}) {run.status}"

@@ -76,6 +76,7 @@ class Run:
     thread: object = field(default=None, repr=False)  # the `Background` of a --background run not yet waited for
     display: object = field(default=None, repr=False)  # its dashboard or progress line
     stop_requested: bool = field(default=False, repr=False)  # set from another thread: stop as an interrupt would
+    prepared: threading.Event = field(default_factory=threading.Event, repr=False)  # controls reach the job now
 
     @property
     def fits(self) -> list[FitResult]:
@@ -179,6 +180,9 @@ class Run:
 
         Returns each parameter-server shard's acknowledgement (its control state).
         """
+        if self.status == "running" and not self.prepared.wait(LIMITS.shard_start_s):
+            raise errors.OptionError(f"run {self.id} is still starting (its parameter server or control bus is not "
+                                     "up yet); send the control again in a moment.")
         if self.status != "running" or self.controller is None:
             raise errors.OptionError(f"run {self.id} is {self.status}; only a running run takes controls.")
         acks = self.controller.control(action, value)
@@ -236,6 +240,7 @@ def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None, before
             bus = strategy.bus = ControlBus().start(address_towards_cluster(
                 cluster.client, all(cluster.shares_network(e) for e in run.workers)))
         config = strategy.prepare(run, cluster)
+        run.prepared.set()  # a control sent from now on reaches the job (one sent earlier waited for this)
         if before_submit is not None:
             before_submit()
         control = bus.spec() if bus is not None else None
@@ -255,6 +260,7 @@ def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None, before
         run.error = str(exc) if isinstance(exc, errors.NbdistError) else f"{type(exc).__name__}: {exc}"
         raise
     finally:
+        run.prepared.set()  # a control still waiting for the start now sees how the run ended
         run.ended_at = time.time()
         if pending:
             cluster.running(run.workers, busy=False)

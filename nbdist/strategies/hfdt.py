@@ -173,8 +173,11 @@ class HfdtWorker(Worker):
         # A rank that waits this long for its peers is stuck, not slow: fail rather than hang.
         os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", "30")
         os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "60")
-        if self.config.get("elastic"):  # a dead peer is noticed in seconds, so the survivors re-form soon
-            os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(math.ceil(LIMITS.gloo_peer_s)))
+        # A dead peer is noticed in seconds: the survivors re-form soon, or (--on-failure fail) stop soon
+        # (Gloo's own default, 30 s, kept a survivor in its collective long after the death was reported). Set
+        # for every run, so one run's setting is not the next's; an engine's own variable (set before its
+        # first run) wins.
+        os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = _ENGINE_GLOO_TIMEOUT or str(math.ceil(LIMITS.gloo_peer_s))
         hvd.init()
         if (hvd.rank(), hvd.size()) != (slot["rank"], slot["size"]):
             raise ClusterError(f"Horovod gave rank {hvd.rank()}/{hvd.size()}, expected {slot['rank']}/{slot['size']}")
@@ -497,6 +500,8 @@ class HfdtStrategy(Strategy):
             self.growing = None
         run.events += recovered_events(run, self.reformed_after)
 
+
+_ENGINE_GLOO_TIMEOUT = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS")  # as the engine started, before any run
 
 SLOT_FIELDS = ("hostname", "rank", "local_rank", "cross_rank", "size", "local_size", "cross_size")
 
