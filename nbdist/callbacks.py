@@ -7,11 +7,13 @@ hooks and private counters (EarlyStopping's `wait`, ReduceLROnPlateau's `cooldow
 a recorder's lists); a replay could only reproduce what the History logged.
 
 Callbacks that write files run on rank 0 only (two ranks writing one checkpoint path corrupt
-it); TensorBoard runs on every rank with a log directory per rank.
+it), and so do the cell's own saves after `fit` (`one_writer`); TensorBoard runs on every rank with a
+log directory per rank.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 
 # Keras callbacks whose job is writing files: one writer per run.
@@ -99,3 +101,35 @@ def files_written(callbacks) -> list[dict]:
                               "host": socket.gethostname()})
                 break
     return found
+
+
+SAVERS = ("save", "save_weights", "export")  # keras.Model's methods that write files
+
+
+@contextlib.contextmanager
+def one_writer(rank: int, size: int):
+    """Within (the training cell on an engine): only rank 0 of several writes the model's files, so code after
+    `fit` that saves (`model.save(path)`, `save_weights`, `export`), run on every rank, writes each file once;
+    the other ranks' calls do nothing. The files are rank 0's, complete before any rank returns from `fit`
+    (each strategy's end-of-fit barrier)."""
+    if rank == 0 or size < 2:
+        yield
+        return
+    import keras
+
+    originals = {name: getattr(keras.Model, name) for name in SAVERS}
+    for name in originals:
+        setattr(keras.Model, name, _skipped(name))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(keras.Model, name, original)
+
+
+def _skipped(name: str):
+    def skipped(self, *args, **kwargs):
+        return None  # rank 0 writes this file
+
+    skipped.__name__ = name
+    return skipped

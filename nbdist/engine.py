@@ -140,10 +140,29 @@ def definition_digests() -> dict:
     return dict(_shell().user_ns.get(DEFINITIONS_VAR, {}))
 
 
-def run_definition(key: str, digest: str, source: str, index: int) -> None:
-    """Run one recorded definition cell and remember its digest."""
-    _run_source(source, f"<nbdist definition cell {index}>")
+def run_definition(key: str, digest: str, source: str, index, cwd: str | None = None) -> None:
+    """Run one recorded definition cell and remember its digest; in the notebook's working directory `cwd`
+    where this engine sees it (its relative paths then mean what they mean in the notebook)."""
+    with working_directory(cwd):
+        _run_source(source, f"<nbdist definition cell {index}>")
     _shell().user_ns.setdefault(DEFINITIONS_VAR, {})[key] = digest
+
+
+@contextlib.contextmanager
+def working_directory(path: str | None):
+    """Within: the working directory is `path` when this engine sees that folder, else unchanged."""
+    before = os.getcwd()
+    if path and os.path.isdir(path):
+        os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def paths_exist(paths: list[str]) -> list[bool]:
+    """Which of these paths this engine sees."""
+    return [os.path.exists(p) for p in paths]
 
 
 def value_digests() -> dict:
@@ -233,7 +252,8 @@ def run_training_cell(spec: dict) -> list:
         return history
 
     _seed(spec)
-    with interrupt_guard.training(), _deterministic_ops(spec), worker.cell_context(), intercept_fit(handler):
+    with interrupt_guard.training(), working_directory(spec.get("cwd")), _deterministic_ops(spec), \
+            callbacks.one_writer(spec["rank"], spec["size"]), worker.cell_context(), intercept_fit(handler):
         _run_source(spec["cell"], f"<nbdist training cell, run {spec['run']}>")
     if not results:
         raise NoFitCall(

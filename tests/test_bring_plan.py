@@ -54,7 +54,43 @@ def test_the_plan_brings_imports_values_then_code_with_what_it_uses_first():
     assert plan("outer(data)", namespace, cells, skip={"data", "outer"}) == []
 
 
-def test_a_generator_is_refused_naming_its_cell():
-    cells = [(7, "stream = (i for i in range(3))")]
-    with pytest.raises(OptionError, match=r"`stream`.*generator.*cell \[7\].*%%distribute define"):
-        plan("next(stream)", {"stream": (i for i in range(3))}, cells, skip=set())
+def test_a_generator_travels_as_the_statement_that_made_it_made_again_every_run():
+    cells = [(7, "n = 3\nstream = (i for i in range(n))\nprint(next(iter([1])))")]
+    items = plan("next(stream)", {"stream": (i for i in range(3)), "n": 3}, cells, skip=set())
+    assert [(i.name, i.kind, i.cell, i.source, i.fresh) for i in items] == [
+        ("stream", "code", 7, "n = 3\nstream = (i for i in range(n))\n", True)]
+
+
+def test_a_tf_data_pipeline_travels_as_its_cells_statements_with_what_they_read_brought_first(tmp_path):
+    import tensorflow as tf
+
+    texts, labels = np.array(["a b", "c d"]), np.array([0, 1])
+    raw = tf.data.Dataset.from_tensor_slices((texts, labels))
+    train = raw.shuffle(2).batch(2)
+    cells = [(2, "import tensorflow as tf"), (3, "texts = load()\nlabels = np.array([0, 1])"),
+             (4, "raw = tf.data.Dataset.from_tensor_slices((texts, labels))\nprint(raw)"),
+             (5, f"train = raw.shuffle(2)\ntrain = train.batch(2)\nopen({str(tmp_path)!r})")]
+    namespace = {"tf": tf, "np": np, "texts": texts, "labels": labels, "raw": raw, "train": train}
+    items = plan("model.fit(train, epochs=1)", namespace, cells, skip={"model"})
+    assert [(i.name, i.kind, i.cell) for i in items] == [
+        ("tf", "import", 2), ("texts", "value", 3), ("labels", "value", 3), ("raw", "code", 4), ("train", "code", 5)]
+    assert items[3].source == "raw = tf.data.Dataset.from_tensor_slices((texts, labels))\n"
+    assert items[4].source == "train = raw.shuffle(2)\ntrain = train.batch(2)\n" and not items[4].fresh
+    assert items[4].paths == []  # the open() of a folder is not part of what makes `train`
+
+
+def test_the_files_a_remade_pipeline_reads_are_named(tmp_path):
+    import tensorflow as tf
+
+    (tmp_path / "a.txt").write_text("x\n")
+    lines = tf.data.TextLineDataset(str(tmp_path / "a.txt"))
+    cells = [(4, f"lines = tf.data.TextLineDataset({str(tmp_path / 'a.txt')!r})")]
+    items = plan("model.fit(lines)", {"tf": tf, "lines": lines}, cells, skip={"model", "tf"})
+    assert [(i.name, i.paths) for i in items] == [("lines", [str(tmp_path / "a.txt")])]
+
+
+def test_an_open_file_is_refused_naming_its_cell(tmp_path):
+    cells = [(7, f"log = open({str(tmp_path / 'log.txt')!r}, 'w')")]
+    with open(tmp_path / "log.txt", "w") as log:
+        with pytest.raises(OptionError, match=r"`log`.*open file.*cell \[7\].*%%distribute define"):
+            plan("print(log)", {"log": log}, cells, skip=set())

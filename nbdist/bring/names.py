@@ -92,13 +92,73 @@ def _import_binding(statement, alias) -> dict[str, tuple[str, str]]:
     return {name: ("import", line)}
 
 
-def last_binding(name: str, cells: list[tuple[int, str]]) -> tuple[int, str, str | None] | None:
-    """The last of `cells` ((index, python), oldest first) that binds `name`: (index, kind, source)."""
+def last_binding(name: str, cells: list[tuple[int, str]]) -> tuple[int, str, str | None, str] | None:
+    """The last of `cells` ((index, python), oldest first) that binds `name`: (index, kind, source, the
+    cell's python)."""
     for index, python in reversed(cells):
         found = bindings(python).get(name)
         if found is not None:
-            return index, *found
+            return index, *found, python
     return None
+
+
+def making(name: str, python: str) -> tuple[str, list[str]] | None:
+    """The top-level statements of a cell that make `name`: those that bind or change it (`layer.adapt(...)`)
+    and, before them, those that bind or change what they read (a backward slice), as source to replay
+    elsewhere, with the names the slice reads from outside the cell; None when the cell does not bind it."""
+    try:
+        tree = ast.parse(python)
+    except SyntaxError:
+        return None
+    wanted, chosen = {name}, []
+    for statement in reversed(tree.body):
+        if not (_binds(statement) | _changes(statement)) & wanted:
+            continue
+        chosen.append(statement)
+        wanted = (wanted - _binds(statement)) | set(_reads(statement))
+    if not any(name in _binds(s) for s in chosen):
+        return None
+    lines = python.splitlines(True)
+    source = "".join("".join(lines[s.lineno - 1:s.end_lineno]) for s in reversed(chosen))
+    outside = [n for s in reversed(chosen) for n in _reads(s) if n in wanted]  # in the order the slice reads them
+    return source, [n for n in dict.fromkeys(outside) if n not in NOT_BROUGHT and not n.startswith("_")]
+
+
+def _binds(statement) -> set[str]:
+    if isinstance(statement, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in statement.names if a.name != "*"}
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {statement.name}
+    targets = {ast.Assign: lambda s: s.targets, ast.AnnAssign: lambda s: [s.target],
+               ast.AugAssign: lambda s: [s.target], ast.For: lambda s: [s.target],
+               ast.With: lambda s: [i.optional_vars for i in s.items if i.optional_vars]}
+    for kind, of in targets.items():
+        if isinstance(statement, kind):
+            return {n.id for t in of(statement) for n in ast.walk(t) if isinstance(n, ast.Name)
+                    and isinstance(n.ctx, ast.Store)}
+    return set()
+
+
+def _changes(statement) -> set[str]:
+    """Names a statement changes in place: `ds.method(...)` alone on its line, `obj.attr = ...`, `a[i] = ...`."""
+    roots = []
+    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+        roots.append(statement.value.func)
+    elif isinstance(statement, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+        roots += statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+    found = set()
+    for node in roots:
+        if not isinstance(node, (ast.Attribute, ast.Subscript)):
+            continue
+        while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+            node = node.func if isinstance(node, ast.Call) else node.value
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+    return found
+
+
+def _reads(statement) -> list[str]:
+    return _referenced_globals(symtable.symtable(ast.unparse(statement), "<statement>", "exec"), include_assigned=True)
 
 
 FIT_ARRAYS = ("x", "y", "sample_weight")

@@ -3,20 +3,23 @@
 Modules travel as the notebook's own import line; functions and classes defined in the
 notebook as their source (the def / class alone, not the rest of its cell, so replaying it
 has no side effects), followed through every module name they read; everything else as a
-value (cloudpickle, as ipyparallel sends), refused with the cell that made it when it cannot
-be copied to another process.
+value (cloudpickle, as ipyparallel sends). A value that cannot be copied to another process (a
+tf.data pipeline, a generator) travels as the statements of its cell that made it (`names.making`),
+replayed on each engine with what they read brought first, and the strategy shards what the engine
+made as it shards any dataset; only an open file is refused, naming the cell that opened it.
 """
 
 from __future__ import annotations
 
 import inspect
 import io
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from types import ModuleType
 
 from ..errors import OptionError
 from ..keras_bridge import is_dataset
-from .names import last_binding, needed_names, referenced_globals
+from .names import last_binding, making, needed_names, referenced_globals
 
 
 @dataclass
@@ -28,6 +31,9 @@ class Item:
     source: str | None = None
     value: object = None
     cell: int | None = None  # the notebook cell (In[n]) that bound it
+    remade: bool = False  # code: the statements of a cell that made a value which cannot be sent
+    fresh: bool = False  # code to run again every time (it makes a generator, used up by one run)
+    paths: list[str] = field(default_factory=list)  # files of this host the code reads (engines must see them)
 
 
 def plan(python: str, namespace: dict, cells: list[tuple[int, str]], skip: set[str],
@@ -55,6 +61,13 @@ def plan(python: str, namespace: dict, cells: list[tuple[int, str]], skip: set[s
                 visit(dependency)
             items[name] = Item(name, "code", source=found[2], cell=cell)
             code_order.append(name)
+        elif (made := _remade(name, value, found)) is not None:
+            source, reads = made
+            for dependency in reads:
+                visit(dependency)
+            items[name] = Item(name, "code", source=source, cell=cell, remade=True, fresh=inspect.isgenerator(value),
+                               paths=local_paths(source))
+            code_order.append(name)
         else:
             refuse_unsendable(name, value, cell, cells)
             items[name] = Item(name, "value", value=value, cell=cell)
@@ -64,6 +77,31 @@ def plan(python: str, namespace: dict, cells: list[tuple[int, str]], skip: set[s
     brought = [item for item in items.values() if item is not None]
     return ([i for i in brought if i.kind == "import"] + [i for i in brought if i.kind == "value"]
             + [items[n] for n in code_order])
+
+
+def _remade(name: str, value, found) -> tuple[str, list[str]] | None:
+    """The statements that made an unsendable value, when the engines can make their own (not an open file)."""
+    if found is None or found[1] != "value" or isinstance(value, io.IOBase) or _unsendable(value) is None:
+        return None
+    return making(name, found[3])
+
+
+def local_paths(source: str) -> list[str]:
+    """The string constants of `source` that name a file or folder on this host (absolute paths)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and 0 < len(node.value) < 4096 \
+                and "\n" not in node.value and os.path.exists(node.value):
+            path = os.path.abspath(node.value)
+            if path not in found:
+                found.append(path)
+    return found
 
 
 def _defined_in_notebook(value) -> bool:

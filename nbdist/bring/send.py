@@ -9,11 +9,12 @@ reads only as `fit`'s data reaches each worker as its own shard.
 from __future__ import annotations
 
 import hashlib
+import os
 
 import numpy as np
 
 from .. import engine
-from ..errors import DefinitionFailed
+from ..errors import DefinitionFailed, OptionError
 from ..limits import LIMITS
 from .plan import Item
 
@@ -38,27 +39,63 @@ def send(items: list[Item], cluster, workers: list[int], shard_names: set[str] =
     positions = positions or {eid: (rank, len(workers)) for rank, eid in enumerate(workers)}
     client = cluster.client
     sent = {"names": [], "data_bytes": 0, "sharded": []}
-    code = [i for i in items if i.kind != "value"]
-    if code:
-        have = _gather(cluster, {eid: client[eid].apply_async(engine.definition_digests) for eid in workers})
-        for item in code:
-            key, digest = f"bring:{item.name}", hashlib.sha256(item.source.encode()).hexdigest()[:16]
-            calls = {eid: client[eid].apply_async(engine.run_definition, key, digest, item.source,
-                                                  f"brought {item.name}")
-                     for eid in workers if have[eid].get(key) != digest}
-            _gather(cluster, calls, item)
-            if calls:
-                sent["names"].append(item.name)
+    imports = [i for i in items if i.kind == "import"]
     values = [i for i in items if i.kind == "value"]
+    code = [i for i in items if i.kind == "code"]
+    _refuse_unseen_files(code, cluster, workers)
+    _replay(imports, cluster, workers, sent)
+    digests = {}
     if values:
         have = _gather(cluster, {eid: client[eid].apply_async(engine.value_digests) for eid in workers})
         for item in values:
-            _send_value(item, cluster, positions, have, item.name in shard_names, sent)
+            digests[item.name] = _send_value(item, cluster, positions, have, item.name in shard_names, sent)
+    _replay(code, cluster, workers, sent, digests)
     return sent
 
 
+def _replay(items: list[Item], cluster, workers: list[int], sent: dict, digests: dict | None = None) -> None:
+    """Run imports and code on the engines that do not have them yet. Statements that remade a value
+    (`Item.remade`) run again when what they read changed: their digest holds what came before them."""
+    if not items:
+        return
+    client = cluster.client
+    have = _gather(cluster, {eid: client[eid].apply_async(engine.definition_digests) for eid in workers})
+    before = "".join(f"{name}={digest};" for name, digest in sorted((digests or {}).items()))
+    for item in items:
+        key = f"bring:{item.name}"
+        digest = hashlib.sha256(((before if item.remade else "") + item.source).encode()).hexdigest()[:16]
+        if item.fresh:  # a generator is used up by one run: made again for every run
+            digest += os.urandom(4).hex()
+        if item.remade:
+            before += f"{item.name}={digest};"
+        calls = {eid: client[eid].apply_async(engine.run_definition, key, digest, item.source,
+                                              f"brought {item.name}", os.getcwd())
+                 for eid in workers if have[eid].get(key) != digest}
+        _gather(cluster, calls, item)
+        if calls:
+            sent["names"].append(item.name)
+    return sent
+
+
+def _refuse_unseen_files(code: list[Item], cluster, workers: list[int]) -> None:
+    """A cell replayed on an engine that reads files of this host the engine cannot see is refused by name."""
+    paths = sorted({p for item in code for p in item.paths})
+    if not paths:
+        return
+    seen = _gather(cluster, {eid: cluster.client[eid].apply_async(engine.paths_exist, paths) for eid in workers})
+    for eid in workers:
+        missing = [p for p, there in zip(paths, seen[eid]) if not there]
+        if missing:
+            item = next(i for i in code if missing[0] in i.paths)
+            raise OptionError(
+                f"`{item.name}` is made in cell [{item.cell}] from {missing[0]}, a file of this host that "
+                f"{cluster.info(eid).label()} cannot see, so that engine cannot make its own. Put the data where "
+                "every host sees it (a shared file system, the same path on each host), or read it into arrays in "
+                "a cell (nbdist sends arrays to the engines, each worker its shard).")
+
+
 def _send_value(item: Item, cluster, positions: dict[int, tuple[int, int]], have: dict, by_shard: bool,
-                sent: dict) -> None:
+                sent: dict) -> str:
     value = item.value
     digest, blob = digest_of(value)
     most = max(size for _, size in positions.values())
@@ -84,6 +121,7 @@ def _send_value(item: Item, cluster, positions: dict[int, tuple[int, int]], have
         sent["names"].append(item.name)
         if by_shard:
             sent["sharded"].append(item.name)
+    return digest
 
 
 def _gather(cluster, calls: dict, item: Item | None = None) -> dict:

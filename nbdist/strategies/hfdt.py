@@ -27,7 +27,7 @@ from ..step_timer import StepTimer
 from . import horovod_ops as ops
 from .base import Option, Reports, Strategy, Worker
 from .control_step import stop_when_stopped
-from .hfdt_elastic import LEFT_KEY, Survivor, elastic, join_grown_job
+from .hfdt_elastic import LEFT_KEY, Survivor, elastic, is_collective_failure, join_grown_job
 from .options import ELASTIC, SIMULATE
 from .stall_watch import StallWatch, missing_ranks, stalled
 
@@ -108,6 +108,7 @@ class HfdtWorker(Worker):
                 with fused_steps(model, deciding, data.get("steps_per_epoch"), request.args.get("validation_steps"),
                                  allowed=not self._simulated_anywhere()):
                     history = request.run_plain(callbacks=callbacks, verbose=0, **data)
+                _files_closed(hvd, survivor)
                 if survivor.recoveries:
                     self.fit_timings["recoveries"] = survivor.recoveries
                 return history
@@ -499,6 +500,18 @@ class HfdtStrategy(Strategy):
             self.growing["rendezvous"].stop()
             self.growing = None
         run.events += recovered_events(run, self.reformed_after)
+
+
+def _files_closed(hvd, survivor: Survivor) -> None:
+    """No rank returns from `fit` before rank 0's file-writing callbacks are done (the last epoch's
+    checkpoint, `on_train_end`): code after `fit`, on any rank, then reads whole files."""
+    if survivor.abandoned:
+        return  # too few ranks left for a collective
+    try:
+        hvd.allgather_object(hvd.rank(), name="nbdist_fit_end")
+    except Exception as exc:
+        if not is_collective_failure(exc):  # a rank died at the very end: its files are no one's to wait for
+            raise
 
 
 _ENGINE_GLOO_TIMEOUT = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS")  # as the engine started, before any run
