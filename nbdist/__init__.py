@@ -9,13 +9,11 @@
 from __future__ import annotations
 
 from .errors import NbdistError
-from .session import Session
+from .session import SESSIONS as _sessions
+from .session import Session, get_session
 
 __version__ = "0.1.0"
 __all__ = ["NbdistError", "Session", "get_session", "load_ipython_extension", "unload_ipython_extension"]
-
-_sessions: dict[int, Session] = {}
-
 
 def load_ipython_extension(shell) -> None:
     """`%load_ext nbdist`: register the magics on this shell, with a Session of its own, and keep this
@@ -61,15 +59,6 @@ def unload_ipython_extension(shell) -> None:
 def _jupyter_labextension_paths():
     """Where the prebuilt JupyterLab extension lives (for `jupyter labextension develop`)."""
     return [{"src": "labextension", "dest": "nbdist"}]
-
-
-def get_session(shell=None) -> Session | None:
-    """The Session of `shell` (default: the running IPython shell)."""
-    if shell is None:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-    return _sessions.get(id(shell))
 
 
 def __getattr__(name):

@@ -8,7 +8,7 @@ import signal
 import time
 from dataclasses import dataclass, field, fields
 
-from . import engine, gpus, lifeline
+from . import gpus, host, lifeline, namespace
 from .errors import ClusterError
 from .limits import LIMITS
 
@@ -58,9 +58,9 @@ class ClusterHandle:
         self.lifeline = watcher  # stops (or releases) the cluster should this process die
         self.threads = threads  # --threads: None (each engine's share of its host), a number, or "off"
         self._info: dict[int, EngineInfo] = {}
-        self._local_boot_id = engine.boot_id()
-        self._local_net_ns = engine.network_namespace()
-        self._local_machine = engine.machine()
+        self._local_boot_id = host.boot_id()
+        self._local_net_ns = host.network_namespace()
+        self._local_machine = host.machine()
         self.warned: set[str] = set()  # compatibility warnings shown for this connection (once each)
         self.stopping: dict[int, object] = {}  # engine -> the task an interrupt has not ended yet (AsyncResult)
 
@@ -229,7 +229,7 @@ class ClusterHandle:
         """(local rank, local size, shares the kernel's GPUs) of each new engine on its machine, so its
         GPU (nbdist.gpus) and its share of the machine's cores (nbdist.threads) are pinned before its
         TensorFlow starts."""
-        calls = {eid: self.client[eid].apply_async(_call, "nbdist.engine.machine") for eid in todo}
+        calls = {eid: self.client[eid].apply_async(_call, "nbdist.host.machine") for eid in todo}
         machines = {}
         for eid, ar in calls.items():
             try:
@@ -357,7 +357,7 @@ def _release(client) -> None:
     """Clear what nbdist's cells left on a connected cluster's engines (they keep running)."""
     try:
         if client.ids:
-            client[:].apply_async(engine.release).get(timeout=LIMITS.engine_release_s)
+            client[:].apply_async(namespace.release).get(timeout=LIMITS.engine_release_s)
     except Exception as exc:  # a busy engine releases when its task ends; the disconnect goes on
         logging.getLogger("nbdist").info("releasing the engines: %s", exc)
 

@@ -28,7 +28,7 @@ class Problem:
 
 
 def problems(notebook: dict, engines: list) -> list[Problem]:
-    """What `engines` (EngineInfo) lack compared with `notebook` (`nbdist.engine.versions()` in the kernel).
+    """What `engines` (EngineInfo) lack compared with `notebook` (`nbdist.host.versions()` in the kernel).
 
     nbdist, TensorFlow and Keras must have the notebook's versions (the cells run in both places);
     an engine with GPUs needs a Horovod built with NCCL for `hfdt` to reduce on the GPU, and an

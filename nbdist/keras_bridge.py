@@ -10,6 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import OptionError
+from .sharding import is_dataset, is_generator, is_py_dataset
 
 # Every argument of Keras' own `fit`: each worker runs that `fit`, so each is honoured (a strategy
 # that cannot honour one refuses it by name, see `Strategy.refuse`).
@@ -42,8 +43,6 @@ class FitRequest:
     @property
     def samples_per_step(self) -> int | None:
         """The global batch size of one step, when it can be known before training."""
-        from .sharding import is_generator, is_py_dataset
-
         if is_py_dataset(self.args["x"]) or is_generator(self.args["x"]):
             return None
         if is_dataset(self.args["x"]):
@@ -204,11 +203,6 @@ def build_from_sample(model, sample_input):
     else:
         sample_input = sample_input[:1]
     model(sample_input)
-
-
-def is_dataset(value) -> bool:
-    """Whether `value` is a tf.data.Dataset (without importing TensorFlow)."""
-    return hasattr(value, "element_spec") and hasattr(value, "take")
 
 
 def _differs(value, default) -> bool:

@@ -8,7 +8,7 @@ checks every `POLL_S` that the kernel is still its parent. When the pipe closes 
 (``Cluster.from_file(...)``, as ``ipcluster stop`` does, then `halt`: the launchers' signals
 and ``stop_cluster``, so SSH, Slurm or PBS engines are stopped by their launchers), kills the
 shard processes it was told about, and exits. For a cluster nbdist only connected to, it stops nothing: it releases the
-engines (`engine.release`) and exits. A normal `%dist stop` sends ``release``: the watcher
+engines (`namespace.release`) and exits. A normal `%dist stop` sends ``release``: the watcher
 exits without touching anything.
 
 Clusters nbdist starts also get a record, ``nbdist-<cluster id>.json`` next to ipyparallel's
@@ -32,6 +32,7 @@ import time
 import weakref
 
 from .limits import LIMITS
+from .ps import started
 
 POLL_S = 0.2
 RECORD_GLOB = "profile_*/security/nbdist-*.json"
@@ -163,6 +164,9 @@ def untrack(pid: int) -> None:
     """Forget a child process `track` named (it was stopped normally)."""
     for line in list(_active):
         line.untrack(pid)
+
+
+started.listen(track, untrack)  # the parameter-server shards this process starts
 
 
 def _install_sigterm_handler() -> None:
@@ -447,7 +451,7 @@ def _release_engines(where: dict, busy: list[int] = ()) -> None:
     connected cluster's engines; never stop them (another client may use them next)."""
     import ipyparallel as ipp
 
-    from . import engine
+    from . import namespace
 
     try:
         client = ipp.Client(timeout=LIMITS.watcher_release_s, **{k: v for k, v in where.items() if v})
@@ -459,7 +463,7 @@ def _release_engines(where: dict, busy: list[int] = ()) -> None:
         if interrupted:  # a training cell of a kernel that is gone would otherwise hold them to its end
             client.send_signal(signal.SIGINT, targets=interrupted, block=True)
         if client.ids:
-            client[:].apply_async(engine.release).get(timeout=LIMITS.watcher_release_s)
+            client[:].apply_async(namespace.release).get(timeout=LIMITS.watcher_release_s)
     except Exception as exc:  # a busy engine runs the release when its task ends
         _warn(f"releasing the engines: {exc!r}")
     finally:

@@ -103,7 +103,7 @@ def digests(names: list[str]) -> dict:
     """Engine side: {name: (architecture, digest)} of this engine's models of these names (None if absent)."""
     import keras
 
-    from .engine import user_namespace
+    from .namespace import user_namespace
 
     namespace = user_namespace()
     out = {}
@@ -116,7 +116,7 @@ def digests(names: list[str]) -> dict:
 
 def install(name: str, state: ModelState) -> None:
     """Engine side: make this engine's model `name` the notebook's (same architecture assumed)."""
-    from .engine import user_namespace
+    from .namespace import user_namespace
 
     model = user_namespace()[name]
     for layer, trainable in zip(_layers(model), state.trainable):
@@ -138,7 +138,7 @@ def receive(name: str, blob: bytes) -> None:
     """Engine side: the whole model, as Keras pickles it (its own saving format inside)."""
     import pickle
 
-    from .engine import NAMES_VAR, user_namespace
+    from .namespace import NAMES_VAR, user_namespace
 
     namespace = user_namespace()
     namespace[name] = pickle.loads(blob)

@@ -38,9 +38,9 @@ def engine_table(rows) -> str:
 
 def compatibility_notice(cluster, rows) -> str:
     """Warnings about engines that differ from the notebook (nbdist.compat), each shown once per connection."""
-    from . import compat, engine
+    from . import compat, host
 
-    fresh = [p for p in compat.problems(engine.versions(), [info for info, _ in rows]) if p.key not in cluster.warned]
+    fresh = [p for p in compat.problems(host.versions(), [info for info, _ in rows]) if p.key not in cluster.warned]
     cluster.warned.update(p.key for p in fresh)
     return "\n".join(p.text() for p in fresh)
 

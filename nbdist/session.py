@@ -6,7 +6,7 @@ import hashlib
 import time
 from dataclasses import dataclass
 
-from . import bring, engine, lifeline
+from . import bring, lifeline, namespace
 from . import run as runs
 from .cluster import ClusterHandle
 from .errors import ClusterError, DefinitionFailed, NbdistError, OptionError
@@ -115,12 +115,12 @@ class Session:
         if not self.definitions:
             return
         cluster = self.require_cluster()
-        have = {eid: cluster.client[eid].apply_async(engine.definition_digests) for eid in engine_ids}
+        have = {eid: cluster.client[eid].apply_async(namespace.definition_digests) for eid in engine_ids}
         have = {eid: ar.get(timeout=LIMITS.definition_s) for eid, ar in have.items()}
         for definition in sorted(self.definitions.values(), key=lambda d: d.index):
             targets = [eid for eid in engine_ids if have[eid].get(definition.key) != definition.digest]
             calls = {eid: cluster.client[eid].apply_async(
-                engine.run_definition, definition.key, definition.digest, definition.source, definition.index)
+                namespace.run_definition, definition.key, definition.digest, definition.source, definition.index)
                 for eid in targets}
             for eid, ar in calls.items():
                 self._raise_definition_error(cluster, eid, ar, definition)
@@ -377,3 +377,15 @@ def _parse_targets(text: str | None) -> list[int] | None:
         return [int(part) for part in str(text).replace(" ", "").split(",") if part]
     except ValueError:
         raise OptionError(f"--targets takes engine ids separated by commas, like 0,2. Received: --targets {text}")
+
+
+SESSIONS: dict[int, Session] = {}  # id(shell) -> its Session (`%load_ext nbdist` makes one per shell)
+
+
+def get_session(shell=None) -> Session | None:
+    """The Session of `shell` (default: the running IPython shell)."""
+    if shell is None:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    return SESSIONS.get(id(shell))

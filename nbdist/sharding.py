@@ -139,6 +139,11 @@ def shard_dataset(dataset, rank: int, size: int, steps: int | None):
     return (shard.repeat() if steps is not None else shard), steps
 
 
+def is_dataset(value) -> bool:
+    """Whether `value` is a tf.data.Dataset (without importing TensorFlow)."""
+    return hasattr(value, "element_spec") and hasattr(value, "take")
+
+
 def is_py_dataset(value) -> bool:
     """A `keras.utils.PyDataset` (without importing Keras)."""
     return any(cls.__name__ == "PyDataset" for cls in type(value).__mro__)
@@ -203,7 +208,6 @@ def shard_fit_data(request, rank: int, size: int, synchronous: bool = False,
     make the same number of steps (Horovod), so a generator needs steps_per_epoch.
     `fractions`: unequal shares (`--shards speed`), for arrays and PyDatasets.
     """
-    from .keras_bridge import is_dataset
 
     x, y, weights, validation = request.x, request.y, request.sample_weight, request.validation_data
     steps = request.steps_per_epoch
@@ -238,7 +242,6 @@ def shard_fit_data(request, rank: int, size: int, synchronous: bool = False,
 
 def shard_validation(validation, rank: int, size: int, fractions: list[float] | None = None):
     """Rank `rank`'s part of `validation_data` (arrays with optional weights, a Dataset or a PyDataset)."""
-    from .keras_bridge import is_dataset
 
     if is_dataset(validation):
         return shard_dataset(validation, rank, size, None)[0]

@@ -38,10 +38,3 @@ class WindowedRate:
         t0, s0 = self.points[0]
         return (samples - s0) / (t - t0) if t > t0 else None
 
-
-def keras_reporter(run_id, worker: int, batch_size, publish=None, interval_s: float = 0.5, phase: str = "train",
-                   extra=None, clock=None):
-    """The engine-side Keras callback that produces these records (`nbdist.reporter.ProgressReporter`)."""
-    from .reporter import ProgressReporter  # imports Keras: engines only
-
-    return ProgressReporter(run_id, worker, batch_size, publish, interval_s, phase, extra, clock)

@@ -64,8 +64,7 @@ def measure_step_cost(model, data: dict, batch: int) -> StepCost:
 
     from .ashl.profiling import profile_compute
     from .errors import OptionError
-    from .keras_bridge import is_dataset
-    from .sharding import is_py_dataset
+    from .sharding import is_dataset, is_py_dataset
 
     x, y = data["x"], data.get("y")
     if is_dataset(x) or is_py_dataset(x):

@@ -130,7 +130,7 @@ def test_the_plots_follow_jupyterlabs_theme_as_the_extension_reports_it(monkeypa
     from nbdist.session import Session
 
     session = Session()
-    monkeypatch.setattr(nbdist, "get_session", lambda shell=None: session)
+    monkeypatch.setattr(nbdist.session, "get_session", lambda shell=None: session)
     LabChannel(session).handle(SimpleNamespace(send=lambda message: None), {"action": "theme", "dark": True})
     assert session.theme == "dark"
     d = dashboard_of("nfdt")

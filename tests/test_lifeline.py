@@ -20,7 +20,7 @@ import ipyparallel as ipp
 import psutil
 import pytest
 
-from nbdist import engine
+from nbdist import namespace
 from tests.conftest import DEFINITION, TRAIN
 from tests.kernel_driver import KernelDriver
 from tests.support import eventually, scaled, wait_for
@@ -226,7 +226,7 @@ def test_cluster_started_outside_survives_the_kernel_and_is_released(reaper, out
     kernel.run(f"%dist connect --file {client_file}", timeout=120).check()
     kernel.run("%%distribute define --name marker\nnbdist_marker = 42").check()
     kernel.run("nbdist.get_session().sync_definitions([0])", timeout=60).check()
-    assert client[0].pull("nbdist_marker", block=True) == 42 and client[0].apply_sync(engine.definition_digests)
+    assert client[0].pull("nbdist_marker", block=True) == 42 and client[0].apply_sync(namespace.definition_digests)
     watcher = psutil.Process(kernel.value("nbdist.get_session().cluster.lifeline.pid"))
     reaper.record([watcher])
     kernel.run("%%distribute define --name data\n" + DEFINITION, timeout=180).check()
@@ -243,7 +243,7 @@ def test_cluster_started_outside_survives_the_kernel_and_is_released(reaper, out
              "the engine to be free for the next client", 30)
     assert all(alive(p) for p in processes), "a process of the cluster started outside died with the kernel"
     assert client.ids == [0] and client[0].apply_sync(os.getpid) in {p.pid for p in processes}
-    assert client[0].apply_sync(engine.definition_digests) == {}  # released: the dead kernel's objects are gone
+    assert client[0].apply_sync(namespace.definition_digests) == {}  # released: the dead kernel's objects are gone
     with pytest.raises(ipp.error.RemoteError, match="nbdist_marker"):
         client[0].pull("nbdist_marker", block=True)
 

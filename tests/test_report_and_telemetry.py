@@ -8,6 +8,7 @@ import pytest
 
 from nbdist import report, telemetry
 from nbdist.cluster import EngineInfo
+from nbdist.reporter import ProgressReporter
 
 
 def test_engine_table_has_one_row_per_engine_with_state():
@@ -42,7 +43,7 @@ def test_reporter_records_epochs_samples_and_publishes():
     published = []
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
-    reporter = telemetry.keras_reporter(run_id=7, worker=0, batch_size=10, publish=published.append,
+    reporter = ProgressReporter(run_id=7, worker=0, batch_size=10, publish=published.append,
                                         interval_s=3600)
     x, y = np.zeros((50, 4), "float32"), np.zeros(50, "int64")
     model.fit(x, y, batch_size=10, epochs=2, verbose=0, callbacks=[reporter])

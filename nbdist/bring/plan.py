@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from ..errors import OptionError
-from ..keras_bridge import is_dataset
+from ..sharding import is_dataset
 from .names import last_binding, making, needed_names, referenced_globals
 
 

@@ -1,6 +1,6 @@
 """Sending a bring plan to the engines: only what each lacks, identified by content digest.
 
-Code and imports are replayed as definition cells are (`engine.run_definition`, keyed
+Code and imports are replayed as definition cells are (`namespace.run_definition`, keyed
 ``bring:<name>``); values are sent once and kept, so an unchanged re-run sends nothing.
 Where the strategy shards arrays by stride (`Strategy.array_shards`), an array the cell
 reads only as `fit`'s data reaches each worker as its own shard.
@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from .. import engine
+from .. import namespace
 from ..errors import DefinitionFailed, OptionError
 from ..limits import LIMITS
 from .plan import Item
@@ -46,7 +46,7 @@ def send(items: list[Item], cluster, workers: list[int], shard_names: set[str] =
     _replay(imports, cluster, workers, sent)
     digests = {}
     if values:
-        have = _gather(cluster, {eid: client[eid].apply_async(engine.value_digests) for eid in workers})
+        have = _gather(cluster, {eid: client[eid].apply_async(namespace.value_digests) for eid in workers})
         for item in values:
             digests[item.name] = _send_value(item, cluster, positions, have, item.name in shard_names, sent)
     _replay(code, cluster, workers, sent, digests)
@@ -59,7 +59,7 @@ def _replay(items: list[Item], cluster, workers: list[int], sent: dict, digests:
     if not items:
         return
     client = cluster.client
-    have = _gather(cluster, {eid: client[eid].apply_async(engine.definition_digests) for eid in workers})
+    have = _gather(cluster, {eid: client[eid].apply_async(namespace.definition_digests) for eid in workers})
     before = "".join(f"{name}={digest};" for name, digest in sorted((digests or {}).items()))
     for item in items:
         key = f"bring:{item.name}"
@@ -68,7 +68,7 @@ def _replay(items: list[Item], cluster, workers: list[int], sent: dict, digests:
             digest += os.urandom(4).hex()
         if item.remade:
             before += f"{item.name}={digest};"
-        calls = {eid: client[eid].apply_async(engine.run_definition, key, digest, item.source,
+        calls = {eid: client[eid].apply_async(namespace.run_definition, key, digest, item.source,
                                               f"brought {item.name}", os.getcwd())
                  for eid in workers if have[eid].get(key) != digest}
         _gather(cluster, calls, item)
@@ -82,7 +82,7 @@ def _refuse_unseen_files(code: list[Item], cluster, workers: list[int]) -> None:
     paths = sorted({p for item in code for p in item.paths})
     if not paths:
         return
-    seen = _gather(cluster, {eid: cluster.client[eid].apply_async(engine.paths_exist, paths) for eid in workers})
+    seen = _gather(cluster, {eid: cluster.client[eid].apply_async(namespace.paths_exist, paths) for eid in workers})
     for eid in workers:
         missing = [p for p, there in zip(paths, seen[eid]) if not there]
         if missing:
@@ -108,12 +108,12 @@ def _send_value(item: Item, cluster, positions: dict[int, tuple[int, int]], have
             mine = f"{digest}:{rank}/{size}"
             if have[eid].get(item.name) != mine:
                 part = np.ascontiguousarray(value[strided(len(value), rank, size)])
-                calls[eid] = cluster.client[eid].apply_async(engine.receive_value, item.name, mine, part, False,
+                calls[eid] = cluster.client[eid].apply_async(namespace.receive_value, item.name, mine, part, False,
                                                              (rank, size, len(value)))
                 sent["data_bytes"] += part.nbytes
         elif have[eid].get(item.name) != digest:
             payload = value if blob is None else blob
-            calls[eid] = cluster.client[eid].apply_async(engine.receive_value, item.name, digest, payload,
+            calls[eid] = cluster.client[eid].apply_async(namespace.receive_value, item.name, digest, payload,
                                                          blob is not None)
             sent["data_bytes"] += value.nbytes if blob is None else len(blob)
     _gather(cluster, calls, item)

@@ -8,10 +8,10 @@ import subprocess
 import sys
 import threading
 
-from .. import lifeline
 from ..errors import ClusterError
 from ..limits import LIMITS
 from ..netroute import local_ip_towards
+from . import started
 
 _started_here: dict[int, subprocess.Popen] = {}  # pid -> process, in whichever process called start_shard
 
@@ -36,7 +36,7 @@ def start_shard(config: dict, key: bytes, log_path: str | None = None) -> dict:
         raise ClusterError(f"parameter-server shard {config.get('shard')} did not start on {socket.gethostname()} "
                            f"(said {line!r}; log: {log_path or 'none'})")
     _started_here[process.pid] = process
-    lifeline.track(process.pid)
+    started.started(process.pid)  # the cluster's lifeline, if any, kills it should this process die
     return {"pid": process.pid, "port": int(line.split()[1]), "host": socket.gethostname()}
 
 
@@ -64,7 +64,7 @@ def stop_shard(pid: int, timeout: float = 5.0) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout)
-    lifeline.untrack(pid)
+    started.stopped(pid)
 
 
 def start_shard_towards(config: dict, key: bytes, towards: str) -> dict:

@@ -159,18 +159,3 @@ class SynchronousRounds(ReleasePolicy):
             if shard.workers[worker].alive:
                 replies.append(shard.weights_reply(ident, worker, staleness=0, held_s=held_s, **clock))
         return replies
-
-
-def policy_for(max_staleness: int | None, synchronous: bool, clock: str = "real",
-               start_barrier: bool = False) -> ReleasePolicy:
-    """The policy a shard's settings name (`clock="virtual"`: `nbdist.ps.virtual_time`'s, whose order is a
-    start barrier of its own). The strategies ask for the start barrier; a bare shard has none."""
-    if clock == "virtual":
-        from .virtual_time import virtual_policy
-
-        return virtual_policy(max_staleness, synchronous)
-    if synchronous:
-        return SynchronousRounds()
-    if max_staleness is None:
-        return Immediate(start_barrier)
-    return BoundedStaleness(max_staleness, start_barrier)

@@ -23,8 +23,9 @@ from . import rules, wire
 from .compression import decode_push
 from .handlers import HANDLERS, HELD_KINDS
 from .push_log import WINDOW, PushLog
-from .release import SynchronousRounds, policy_for
+from .release import BoundedStaleness, Immediate, ReleasePolicy, SynchronousRounds
 from .updaters import CommitUpdater, make_updater
+from .virtual_time import virtual_policy
 from .zero_copy import SharedArrays
 
 NEEDS_MODEL = ("push", "pull", "probe", "epoch", "done", "learning_rate", "report", "turn", "profile")
@@ -32,6 +33,19 @@ CONTROLLER = "controller"
 CONTROLLER_KINDS = {"state", "stats", "restore", "stop", "heartbeat", "control", "admit", "drop"}
 LOG_FIELDS = ("t", "worker", "step", "version", "staleness", "outcome", "lead", "gamma", "momentum", "comp_norm",
               "lr")
+
+
+def policy_for(max_staleness: int | None, synchronous: bool, clock: str = "real",
+               start_barrier: bool = False) -> ReleasePolicy:
+    """The policy a shard's settings name (`clock="virtual"`: `nbdist.ps.virtual_time`'s, whose order is a
+    start barrier of its own). The strategies ask for the start barrier; a bare shard has none."""
+    if clock == "virtual":
+        return virtual_policy(max_staleness, synchronous)
+    if synchronous:
+        return SynchronousRounds()
+    if max_staleness is None:
+        return Immediate(start_barrier)
+    return BoundedStaleness(max_staleness, start_barrier)
 
 
 @dataclass

@@ -23,22 +23,22 @@ import time
 
 import numpy as np
 
+from ..ashl.allocation import CostModel
 from ..ashl.batches import DatasetBatches, ProportionalBatches, per_sample
 from ..ashl.coordinator import Coordinator
 from ..ashl.exchange import PacedExchange
 from ..ashl.meeting import SPEC as MEETING
-from ..ashl.allocation import CostModel
 from ..ashl.profiling import BUDGET_S, profile_compute, steps_within_budget
 from ..ashl.report import decisions, profile_table
 from ..errors import OptionError
 from ..hetero import Profile
-from ..keras_bridge import is_dataset, short
+from ..keras_bridge import short
 from ..ps.compression import PushCompressor
-from ..sharding import is_generator, is_py_dataset, shard_validation, split_validation
+from ..sharding import is_dataset, is_generator, is_py_dataset, shard_validation, split_validation
 from . import options as opt
+from .adsp import local_committer
 from .asgd import DDC_OPTIONS, DELAY_REPORTS, DdcAsgdStrategy
 from .base import Option, Reports
-from .adsp import local_committer
 from .parameter_server import PsWorker
 
 PARTS = ("allocation", "switch", "compression")

@@ -13,7 +13,7 @@ import contextlib
 import numpy as np
 
 from ..errors import OptionError
-from ..keras_bridge import FitResult, build_from_sample, is_dataset
+from ..keras_bridge import FitResult, build_from_sample
 from ..netroute import address_towards_cluster
 from ..pipeline import schedule as schedules
 from ..pipeline import split as splits
@@ -21,6 +21,7 @@ from ..pipeline.links import AddressBook, StageLinks
 from ..pipeline.replicas import Position
 from ..pipeline.stage import gather, index_batches, stage_model
 from ..ps import wire
+from ..sharding import is_dataset
 from .base import Option, Reports, Strategy, Worker
 from .control_step import stop_when_stopped
 

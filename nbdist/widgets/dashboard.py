@@ -196,7 +196,7 @@ class Dashboard:
 
     def _listen_for_theme(self) -> None:
         """An ended dashboard no longer redraws: a theme change reaches it from the session."""
-        from .. import get_session
+        from ..session import get_session
 
         session = get_session()
         if session is not None:
@@ -204,7 +204,7 @@ class Dashboard:
 
     def _follow_theme(self) -> None:
         """Plotly's dark or light template, as JupyterLab's theme is (the extension tells the kernel)."""
-        from .. import get_session
+        from ..session import get_session
 
         dark = getattr(get_session(), "theme", "light") == "dark"
         template = "plotly_dark" if dark else "plotly_white"
