@@ -10,7 +10,6 @@ import math
 import time
 from collections import deque
 
-from .report import event_lines
 from .strategies import strategy_names
 
 SCHEMA_VERSION = 1
@@ -91,7 +90,7 @@ def _run(run, sparklines: Sparklines) -> dict:
         "progress": run.progress_fraction, "error": run.error, "nodes": nodes,
         "stoppable": run.status == "running",
         "final": run.final_metrics if run.status == "done" else {},
-        "events": event_lines(run),
+        "events": run.event_lines(),
     }
 
 

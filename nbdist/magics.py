@@ -175,7 +175,7 @@ class NbdistMagics(Magics):
             while run.thread.alive:
                 await asyncio.sleep(0.1)
         except (asyncio.CancelledError, KeyboardInterrupt):  # the kernel's interrupt, in an async cell
-            run.stop_requested = True
+            run.stop(interrupt=True)
         if cell_request is not None:  # widget messages handled meanwhile may have left theirs as the parent
             kernel.set_parent(*cell_request, channel="shell")
         self.session.wait(run)

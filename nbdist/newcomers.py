@@ -54,7 +54,7 @@ class Newcomers:
                     self.waiting[eid] = time.time() + RETRY_S
                     continue
                 self.waiting.pop(eid, None)
-                self.run.events.append({"t": time.time(), "event": "join_refused", "engine": eid, "reason": str(exc)})
+                self.run.record("join_refused", engine=eid, reason=str(exc))
         return started
 
     def replace(self, dead: int) -> None:
@@ -62,12 +62,12 @@ class Newcomers:
         --restart-engines on, a new engine is launched; it joins as a newcomer once it registers."""
         if self.strategy.value("restart_engines") != "on" or not self.cluster.owned:
             return
-        event = {"t": time.time(), "event": "engine_restarted", "engine": dead}
         try:
             self.cluster.add(1, wait=False)
         except Exception as exc:  # the run goes on without a replacement; the event says why
-            event = {**event, "event": "restart_failed", "reason": str(exc)}
-        self.run.events.append(event)
+            self.run.record("restart_failed", engine=dead, reason=str(exc))
+            return
+        self.run.record("engine_restarted", engine=dead)
 
     def _join(self, eid: int):
         run, cluster = self.run, self.cluster
@@ -88,9 +88,8 @@ class Newcomers:
         run.workers.append(eid)
         result = self.start(eid, rank, config)
         cluster.running([eid])
-        run.events.append({"t": time.time(), "event": "worker_joined", "engine": eid, "rank": rank,
-                           "host": cluster.info(eid).host, "first_epoch": config.get("first_epoch"),
-                           "after_s": round(time.time() - run.started_at, 2)})
+        run.record("worker_joined", engine=eid, rank=rank, host=cluster.info(eid).host,
+                   first_epoch=config.get("first_epoch"), after_s=round(time.time() - run.started_at, 2))
         return result
 
     def _check_room(self) -> None:

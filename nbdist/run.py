@@ -151,11 +151,14 @@ class Run:
         """Ranks evicted by a control."""
         return {e["value"] for e in self.events_of("control:evict") if isinstance(e["value"], int)}
 
-    def stop(self) -> str:
+    def stop(self, interrupt: bool = False) -> str:
         """End the run: gracefully through the strategy's controls when it has a stop (weights kept),
-        else as the kernel's interrupt would. Says which."""
+        else (or with `interrupt`) as the kernel's interrupt would. Says which. Every stop comes here."""
         if self.status != "running":
             return f"run {self.id} is {self.status}; nothing to stop"
+        if interrupt:
+            self.stop_requested = True
+            return f"run {self.id}: interrupting its engines"
         try:
             self.control("stop")
             return f"run {self.id}: stopping; the weights trained so far are kept"
@@ -186,8 +189,32 @@ class Run:
         if self.status != "running" or self.controller is None:
             raise errors.OptionError(f"run {self.id} is {self.status}; only a running run takes controls.")
         acks = self.controller.control(action, value)
-        self.events.append({"t": time.time(), "event": f"control:{action}", "value": value})
+        self.record(f"control:{action}", value=value)
         return acks
+
+    def record(self, kind: str, t: float | None = None, **fields) -> dict:
+        """Note what happened to the run besides training (a death, a recovery, a control, a decision): the
+        one way into `events`. `kind` is one its strategy declares (`Strategy.event_sentences`) or a control."""
+        from .strategies import REGISTRY
+
+        if not kind.startswith("control:") and kind not in REGISTRY[self.strategy].event_sentences():
+            raise ValueError(f"--strategy {self.strategy} declares no event {kind!r}: add it to its Reports.events")
+        event = {"t": time.time() if t is None else t, "event": kind, **fields}
+        self.events.append(event)
+        return event
+
+    def note(self, text: str) -> None:
+        """Something the user should know about the run, printed under the cell when it ends."""
+        self.notes.append(text)
+
+    def event_lines(self) -> list[str]:
+        """What happened to the run besides training, one sentence each in time order, as its strategy tells
+        each kind (printed under the cell, shown by the dashboard and the sidebar)."""
+        from .strategies import REGISTRY
+
+        sentences = REGISTRY[self.strategy].event_sentences()
+        return [say(e, self) for e in sorted(self.events, key=lambda e: e["t"])
+                if (say := sentences.get(e["event"])) is not None]
 
     def events_of(self, kind: str) -> list[dict]:
         return [e for e in self.events if e["event"] == kind]
@@ -233,22 +260,9 @@ def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None, before
     run.status, run.started_at, run.controller = "running", time.time(), strategy
     run.hosts = {eid: {"host": cluster.info(eid).host, "gpus": list(cluster.info(eid).gpus or [])}
                  for eid in run.workers}
-    pending: dict = {}
-    bus = None
+    pending: dict = {}  # engine -> its AsyncResult, filled as the cell is submitted
     try:
-        if strategy.uses_control_bus:
-            bus = strategy.bus = ControlBus().start(address_towards_cluster(
-                cluster.client, all(cluster.shares_network(e) for e in run.workers)))
-        config = strategy.prepare(run, cluster)
-        run.prepared.set()  # a control sent from now on reaches the job (one sent earlier waited for this)
-        if before_submit is not None:
-            before_submit()
-        control = bus.spec() if bus is not None else None
-        pending = {eid: _submit(run, cluster, eid, rank, len(run.workers), config, control)
-                   for rank, eid in enumerate(run.workers)}
-        cluster.running(run.workers)
-        joins = Newcomers(run, cluster, strategy, config, prepare_newcomer, lambda eid, rank, own: _submit(
-            run, cluster, eid, rank, rank + 1, own, control)) if prepare_newcomer and strategy.takes_newcomers else None
+        joins = _launch(run, cluster, strategy, pending, before_submit, prepare_newcomer)
         _wait(run, cluster, strategy, pending, on_progress, joins)
         run.status = "done"
     except KeyboardInterrupt:
@@ -265,11 +279,31 @@ def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None, before
         if pending:
             cluster.running(run.workers, busy=False)
         strategy.finish(run)
-        if bus is not None:
-            bus.stop()
+        if strategy.bus is not None:
+            strategy.bus.stop()
             strategy.bus = None
         run.controller = None
     return run
+
+
+def _launch(run: Run, cluster: ClusterHandle, strategy, pending: dict, before_submit, prepare_newcomer):
+    """The control bus, the strategy's preparation, then the cell on every worker (into `pending`); returns
+    what takes in engines that join while it trains (`Newcomers`, or None)."""
+    if strategy.uses_control_bus:
+        strategy.bus = ControlBus().start(address_towards_cluster(
+            cluster.client, all(cluster.shares_network(e) for e in run.workers)))
+    config = strategy.prepare(run, cluster)
+    run.prepared.set()  # a control sent from now on reaches the job (one sent earlier waited for this)
+    if before_submit is not None:
+        before_submit()
+    control = strategy.bus.spec() if strategy.bus is not None else None
+    pending.update({eid: _submit(run, cluster, eid, rank, len(run.workers), config, control)
+                    for rank, eid in enumerate(run.workers)})
+    cluster.running(run.workers)
+    if not (prepare_newcomer and strategy.takes_newcomers):
+        return None
+    return Newcomers(run, cluster, strategy, config, prepare_newcomer,
+                     lambda eid, rank, own: _submit(run, cluster, eid, rank, rank + 1, own, control))
 
 
 def _submit(run: Run, cluster: ClusterHandle, eid: int, rank: int, size: int, config: dict, control: dict | None):
@@ -343,9 +377,8 @@ def _wait(run: Run, cluster: ClusterHandle, strategy, pending: dict, on_progress
                         raise errors.EngineDied(f"{exc} {_consequence(run, cluster, *collateral[:2])}") from None
                     raise
                 waiting.pop(eid, None)
-                run.events.append({"t": time.time(), "event": "worker_died", "engine": eid,
-                                   "rank": run.workers.index(eid), "host": cluster.info(eid).host,
-                                   "after_s": round(time.time() - run.started_at, 2)})
+                run.record("worker_died", engine=eid, rank=run.workers.index(eid), host=cluster.info(eid).host,
+                           after_s=round(time.time() - run.started_at, 2))
                 if joins is not None:
                     joins.replace(eid)
             except errors.EngineFailure as exc:
@@ -373,7 +406,7 @@ def _died_meanwhile(run: Run, cluster: ClusterHandle, eid: int, exc: errors.Engi
 def _consequence(run: Run, cluster: ClusterHandle, eid: int, exc: errors.EngineFailure) -> str:
     """The sentence that keeps a survivor's error as what the death caused (also an event of the run)."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    run.events.append({"t": time.time(), "event": "lost_peer", "engine": eid, "error": first[:300]})
+    run.record("lost_peer", engine=eid, error=first[:300])
     return f"(Then {cluster.info(eid).label()} failed for want of it: {first[:200]})"
 
 

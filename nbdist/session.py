@@ -323,7 +323,7 @@ class Session:
         try:
             run.thread.join()
         except KeyboardInterrupt:
-            run.stop_requested = True  # the run's own loop stops its engines and reports it
+            run.stop(interrupt=True)  # the run's own loop stops its engines and reports it
             run.thread.join()
         thread, run.thread = run.thread, None
         thread.reraise()
@@ -331,9 +331,7 @@ class Session:
         return run
 
     def _conclude(self, run: runs.Run) -> None:
-        from .report import event_lines
-
-        for line in event_lines(run):
+        for line in run.event_lines():
             print(f"nbdist: {line}.")
         for note in run.notes:
             print(note)

@@ -90,7 +90,7 @@ def test_adsp_commit_interval_search_climbs_to_the_faster_interval_and_comes_bac
         search.report(rates.get(search.interval, 0.0))
     assert visited[:3] == [4, 8, 16]  # climbs while it improves
     assert visited[3] in (4, 8) and search.best == (3, 2.0)  # back from the worse side; 8 stays the best
-    assert [e["from"] for e in search.events] == visited
+    assert [e["from"] for e in search.trials] == visited
 
 
 def test_a_floored_worker_on_a_free_link_gets_period_one_not_a_division_by_zero():

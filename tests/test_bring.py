@@ -93,13 +93,14 @@ def test_the_same_notebook_with_marks_gives_the_same_weights(plain, cluster):
     assert max(abs(a - b) for wa, wb in zip(unmarked, marked) for a, b in zip(wa, wb)) <= 1e-6
 
 
-def test_a_value_that_cannot_be_sent_names_the_cell_that_made_it(plain, cluster):
+def test_a_value_that_cannot_be_sent_names_the_cell_that_made_it(plain, cluster, tmp_path):
     idle_engines(cluster, 1)
-    plain.run("stream = (i for i in range(3))").check()
+    plain.run(f"log = open({str(tmp_path / 'log.txt')!r}, 'w')").check()
     index = plain.value("len(In) - 2")  # In[-1] is this very cell
-    reply = plain.run("%%distribute --strategy local\nprint(next(stream))", timeout=60)
-    assert reply.status == "error" and "`stream`" in reply.evalue and "generator" in reply.evalue
+    reply = plain.run("%%distribute --strategy local\nlog.write('x')", timeout=60)
+    assert reply.status == "error" and "`log`" in reply.evalue and "open file" in reply.evalue
     assert f"cell [{index}]" in reply.evalue and "%%distribute define" in reply.evalue
+    plain.run("log.close()").check()
 
 
 def test_no_bring_leaves_the_engines_to_marked_cells_and_the_error_says_so(plain, cluster):

@@ -35,9 +35,11 @@ def fresh_kernel():
 def test_start_status_stop(fresh_kernel):
     kernel, pids = fresh_kernel
     started = kernel.run("%dist start -n 1", timeout=180).check().stdout
-    rows = [line.split() for line in started.splitlines() if line[:1].isdigit()]
+    head = next(line.split() for line in started.splitlines() if line.split()[:2] == ["id", "host"])
+    rows = [dict(zip(head, line.split())) for line in started.splitlines() if line[:1].isdigit()]
     assert len(rows) == 1
-    engine_id, host, pid, cpus, gpus, tf_version, keras_version, hvd_version, state = rows[0]
+    engine_id, pid, gpus, state = (rows[0][k] for k in ("id", "pid", "gpus", "state"))
+    tf_version, keras_version, hvd_version = (rows[0][k] for k in ("tensorflow", "keras", "horovod"))
     pids.append(int(pid))
     assert (engine_id, state, gpus) == ("0", "idle", "0")
     assert tf_version.startswith("2.21") and keras_version.startswith("3.") and hvd_version == "0.28.1"

@@ -10,6 +10,14 @@ import pytest
 from nbdist.progress import _interrupt_after
 
 
+@pytest.fixture(autouse=True)
+def python_sigint():
+    """Python's own SIGINT handler (an earlier test of the session may have left SIGINT ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def test_a_ctrl_c_while_the_bar_draws_comes_after_it():
     reached = []
     with pytest.raises(KeyboardInterrupt):
@@ -25,3 +33,10 @@ def test_without_a_ctrl_c_nothing_is_raised():
     with _interrupt_after():
         pass
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_ignored_ctrl_c_stays_ignored():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with _interrupt_after():
+        os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN

@@ -14,7 +14,7 @@ from nbdist.errors import ClusterError, OptionError
 from nbdist.netroute import interface_towards
 from nbdist.rendezvous import Rendezvous, host_plan
 from nbdist.sharding import shard_arrays, shard_dataset, split_validation
-from nbdist.strategies.hfdt import require_resolvable
+from nbdist.strategies.hfdt_worker import require_resolvable
 from nbdist.strategies.horovod_ops import lr_scaler as _lr_scaler
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 
 from .allocation import CostModel, allocate_with_periods, drifted, shard_fractions
 from .switch import Check, SwitchRule
@@ -69,7 +68,7 @@ class Coordinator:
     def _copy_shard_events(self, run, events: list[dict]) -> None:
         for event in events[self.events_seen:]:
             if event["event"] in ("compression", "end_laggards", "worker_dropped"):
-                run.events.append(dict(event))
+                run.record(event["event"], **{k: v for k, v in event.items() if k != "event"})
         self.events_seen = len(events)
 
     # -- allocation ------------------------------------------------------------------------
@@ -106,8 +105,7 @@ class Coordinator:
         value = {"id": self.allocation_id, "batches": self.batches, "periods": self.periods,
                  "fractions": [round(f, 6) for f in shard_fractions(self.batches)], "reason": reason}
         self.control("allocate", value)
-        run.events.append({"t": time.time(), "event": event, "batches": list(self.batches),
-                           "periods": list(self.periods), "reason": reason, **extra})
+        run.record(event, batches=list(self.batches), periods=list(self.periods), reason=reason, **extra)
 
     def _reallocate_on_drift(self, run, reports: dict[int, dict], live: list[int]) -> None:
         """Once every live worker has reported on the current allocation again: re-allocate when a worker's
@@ -184,7 +182,7 @@ class Coordinator:
         acks = self.control("switch_phase", None)
         if self.phase != "shl":
             self.phase = "shl"
-            run.events.append({"t": time.time(), "event": "switch_phase", "to": "shl", "reason": reason, **extra})
+            run.record("switch_phase", to="shl", reason=reason, **extra)
         return acks
 
 

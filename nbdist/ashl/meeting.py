@@ -140,9 +140,8 @@ class AshlMeeting(ShardExtension):
         lagging = [k for k in present if not shard.workers[k].done]
         if lagging and all(shard.workers[k].done for k in setters):
             shard.finishing, shard.finishing_reason = True, "laggards"
-            shard.events.append({"t": time.time(), "event": "end_laggards", "workers": lagging,
-                                 "reason": f"workers {setters} finished their epochs; {lagging} stop after "
-                                           "their current batch"})
+            shard.record("end_laggards", workers=lagging,
+                         reason=f"workers {setters} finished their epochs; {lagging} stop after their current batch")
 
     def reply_fields(self, shard) -> dict:
         """ASHL's phase, told with every reply to its workers."""

@@ -48,7 +48,7 @@ class PushPull:
         self.gamma = None
         self.steps = 0
         self.non_finite = 0  # pushes in a row the PS rejected for NaN / inf
-        self.stop_requested = False  # the PS said: end this fit (a graceful stop, or this worker was evicted)
+        self.stop_asked = False  # the PS said: end this fit (a graceful stop, or this worker was evicted)
         self.phase: str | None = None  # the phase the PS answered with (ASHL)
         self.current: list[np.ndarray] = []  # the weights last received
         self.virtual = None  # a VirtualClock on the virtual clock (nothing sleeps then)
@@ -211,7 +211,7 @@ class PushPull:
 
     def _weights(self, replies) -> list[np.ndarray]:
         self.versions = [r.header["version"] for r in replies]
-        self.stop_requested = self.stop_requested or any(r.header.get("stop") for r in replies)
+        self.stop_asked = self.stop_asked or any(r.header.get("stop") for r in replies)
         new = merged(replies)
         self.current = [np.array(new[name]) for name in self.names]  # own copies: the frames are read-only
         return self.current

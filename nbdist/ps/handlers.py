@@ -7,8 +7,6 @@ policy or barrier can answer it.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from . import wire
@@ -68,7 +66,7 @@ def _learning_rate(shard, ident, worker, message):
         raise wire.Rejected("malformed", f"a learning rate is a positive number, not {value!r}")
     if shard.initialised:
         shard.updater.set_learning_rate(float(value))
-    shard.events.append({"t": time.time(), "event": "learning_rate", "value": float(value)})
+    shard.record("learning_rate", value=float(value))
     return [(ident, "ok", None, {})]
 
 

@@ -1,6 +1,6 @@
 """A shard's push log: a bounded window in memory, every entry streamed to a file.
 
-One entry per push (the fields of `nbdist.ps.shard.LOG_FIELDS`). The dashboard and the
+One entry per push (the fields of `LOG_FIELDS`). The dashboard and the
 kernel's telemetry read the recent entries by absolute index (`since`); the whole log goes
 to a line-delimited JSON file beside the run's checkpoints, so a shard's memory stays flat
 however many pushes a run makes, and `Run.push_records` reads the file back afterwards.
@@ -15,6 +15,8 @@ import time
 from collections import deque
 from pathlib import Path
 
+LOG_FIELDS = ("t", "worker", "step", "version", "staleness", "outcome", "lead", "gamma", "momentum", "comp_norm",
+              "lr")
 WINDOW = 20_000  # entries kept in memory: well over what the kernel's telemetry reads between two polls
 FLUSH_EVERY_S = 1.0  # the file is at most this far behind the window
 

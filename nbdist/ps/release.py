@@ -51,8 +51,8 @@ class ReleasePolicy:
         if missing and time.time() - self.first_push <= LIMITS.start_barrier_s:
             return True
         for worker in missing:
-            shard.events.append({"t": time.time(), "event": "latecomer", "worker": worker, "reason":
-                                 f"no push within {LIMITS.start_barrier_s:.0f} s of the first; not waited for"})
+            shard.record("latecomer", worker=worker,
+                         reason=f"no push within {LIMITS.start_barrier_s:.0f} s of the first; not waited for")
         self.barrier_open = True
         return False
 

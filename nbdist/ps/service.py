@@ -47,7 +47,7 @@ class PsService:
                  checkpoint_dir: str, checkpoint_every_s: float, restarts: int = 0):
         self.run_id, self.count, self.workers = run_id, shards, workers
         self.restarts_left = restarts
-        self.events: list[dict] = []  # restarts, for the run's events
+        self.restarts: list[dict] = []  # shard_restarted events, for the run
         self._bind: str | None = None
         self.settings = settings
         self.checkpoint_dir, self.checkpoint_every_s = checkpoint_dir, checkpoint_every_s
@@ -229,7 +229,7 @@ class PsService:
             client.request("restore", [state], version=part["version"])
             client.request("init", [model], optimizer=saved["optimizer"], trainable=part["names"],
                            layout=saved["layout"])
-        self.events.append({"t": time.time(), "event": "shard_restarted", "shard": shard.index, "pid": shard.pid,
+        self.restarts.append({"t": time.time(), "event": "shard_restarted", "shard": shard.index, "pid": shard.pid,
                             "version": part["version"], "checkpoint": self.last_checkpoint["path"],
                             "recovery_s": round(time.time() - started, 3), "cause": died,
                             "restarts_left": self.restarts_left})

@@ -22,30 +22,15 @@ from ..optimizer_state import ITERATIONS
 from . import rules, wire
 from .compression import decode_push
 from .handlers import HANDLERS, HELD_KINDS
-from .push_log import WINDOW, PushLog
-from .release import BoundedStaleness, Immediate, ReleasePolicy, SynchronousRounds
+from .push_log import LOG_FIELDS, WINDOW, PushLog
+from .release import SynchronousRounds
 from .updaters import CommitUpdater, make_updater
-from .virtual_time import virtual_policy
+from .virtual_time import policy_for
 from .zero_copy import SharedArrays
 
 NEEDS_MODEL = ("push", "pull", "probe", "epoch", "done", "learning_rate", "report", "turn", "profile")
 CONTROLLER = "controller"
 CONTROLLER_KINDS = {"state", "stats", "restore", "stop", "heartbeat", "control", "admit", "drop"}
-LOG_FIELDS = ("t", "worker", "step", "version", "staleness", "outcome", "lead", "gamma", "momentum", "comp_norm",
-              "lr")
-
-
-def policy_for(max_staleness: int | None, synchronous: bool, clock: str = "real",
-               start_barrier: bool = False) -> ReleasePolicy:
-    """The policy a shard's settings name (`clock="virtual"`: `nbdist.ps.virtual_time`'s, whose order is a
-    start barrier of its own). The strategies ask for the start barrier; a bare shard has none."""
-    if clock == "virtual":
-        return virtual_policy(max_staleness, synchronous)
-    if synchronous:
-        return SynchronousRounds()
-    if max_staleness is None:
-        return Immediate(start_barrier)
-    return BoundedStaleness(max_staleness, start_barrier)
 
 
 @dataclass
@@ -288,8 +273,8 @@ class Shard:
             raise wire.Rejected("malformed", f"{message.kind} before init")
         reason = message.header.get("compression_reason")
         if reason:
-            self.events.append({"t": time.time(), "event": "compression", "worker": message.header.get("worker"),
-                                "mode": message.header.get("compression"), "reason": str(reason)[:200]})
+            self.record("compression", worker=message.header.get("worker"), mode=message.header.get("compression"),
+                        reason=str(reason)[:200])
         try:
             message.arrays = decode_push(message.arrays, message.header.get("compression"), self.expected())
         except ValueError as exc:
@@ -396,7 +381,7 @@ class Shard:
         if first >= epochs:
             return {"admitted": False, "reason": f"no epoch is left to join (the run posted epoch {first - 1})"}
         self.workers[worker] = WorkerState(pushed=self.slowest() or 0, first_epoch=first)
-        self.events.append({"t": time.time(), "event": "worker_admitted", "worker": worker, "first_epoch": first})
+        self.record("worker_admitted", worker=worker, first_epoch=first)
         return {"admitted": True, "first_epoch": first}
 
     def drop(self, worker) -> list:
@@ -406,11 +391,14 @@ class Shard:
             raise wire.Rejected("malformed", f"drop of unknown worker {worker!r}")
         if state.alive:
             state.alive, state.died_at = False, time.time()
-            self.events.append({"t": state.died_at, "event": "worker_dropped", "worker": worker, "pushed": state.pushed,
-                                "silent_s": None})
+            self.record("worker_dropped", t=state.died_at, worker=worker, pushed=state.pushed, silent_s=None)
         return self.policy.complete_round(self) + self.release()
 
     # -- controls, log, health ---------------------------------------------------------
+    def record(self, kind: str, t: float | None = None, **fields) -> None:
+        """Note an event of this shard (the run takes those it tells from the shard's final stats)."""
+        self.events.append({"t": time.time() if t is None else t, "event": kind, **fields})
+
     def control(self, header: dict) -> dict:
         """Apply one control (dashboard, sidebar, `Run.control`); the reply (the control state) acknowledges it."""
         from .controls import apply_control
@@ -421,7 +409,7 @@ class Shard:
             self._extension_call(extension.control, action, value)
         else:
             apply_control(self, action, value)
-        self.events.append({"t": time.time(), "event": f"control:{action}", "value": value})
+        self.record(f"control:{action}", value=value)
         return self.control_state()
 
     def control_state(self) -> dict:
@@ -449,8 +437,7 @@ class Shard:
         for k, w in self.workers.items():
             if w.alive and not w.done and w.last_seen is not None and now - w.last_seen > self.heartbeat_timeout_s:
                 w.alive, w.died_at, dropped = False, now, True
-                self.events.append({"t": now, "event": "worker_dropped", "worker": k, "pushed": w.pushed,
-                                    "silent_s": round(now - w.last_seen, 2)})
+                self.record("worker_dropped", t=now, worker=k, pushed=w.pushed, silent_s=round(now - w.last_seen, 2))
                 print(f"nbdist-ps shard {self.index}: worker {k} silent for {now - w.last_seen:.1f} s, dropped",
                       file=sys.stderr, flush=True)
         if dropped or self.policy.waits_on_time():  # a drop, or a deadline (the start barrier's), frees held ones
@@ -507,7 +494,6 @@ class Shard:
         self.frozen = {k: np.array(v) for k, v in message.arrays.items() if k not in self.variables and k not in saved}
         self.layout = message.header.get("layout") or []
         self.step_cost = message.header.get("step")  # the virtual clock's step cost, for every worker's pull
-        self.events.append({"t": time.time(), "event": "init", "version": self.version,
-                            "resumed": self.restored is not None, "iterations": iterations})
+        self.record("init", version=self.version, resumed=self.restored is not None, iterations=iterations)
         return "ok", None, {"version": self.version, "kept": False}
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 from ..limits import LIMITS
-from .release import BoundedStaleness, ReleasePolicy, SynchronousRounds
+from .release import BoundedStaleness, Immediate, ReleasePolicy, SynchronousRounds
 
 
 class WorkerTimes:
@@ -47,8 +47,8 @@ class WorkerTimes:
         if earliest is None:
             if self.first_push is not None and time.time() - self.first_push > LIMITS.start_barrier_s:
                 self.latecomers.add(worker)
-                shard.events.append({"t": time.time(), "event": "latecomer", "worker": worker, "reason":
-                                     f"no push within {LIMITS.start_barrier_s:.0f} s of the first; not waited for"})
+                shard.record("latecomer", worker=worker,
+                             reason=f"no push within {LIMITS.start_barrier_s:.0f} s of the first; not waited for")
                 return False
             return True
         return earliest < t or (earliest == t and worker < rank)
@@ -177,3 +177,16 @@ class VirtualRounds(SynchronousRounds):
 def virtual_policy(max_staleness: int | None, synchronous: bool) -> ReleasePolicy:
     """The virtual-clock policy a shard's settings name."""
     return VirtualRounds() if synchronous else VirtualOrder(max_staleness)
+
+
+def policy_for(max_staleness: int | None, synchronous: bool, clock: str = "real",
+               start_barrier: bool = False) -> ReleasePolicy:
+    """The policy a shard's settings name (`clock="virtual"`: this module's, whose order is a start barrier of
+    its own). The strategies ask for the start barrier; a bare shard has none."""
+    if clock == "virtual":
+        return virtual_policy(max_staleness, synchronous)
+    if synchronous:
+        return SynchronousRounds()
+    if max_staleness is None:
+        return Immediate(start_barrier)
+    return BoundedStaleness(max_staleness, start_barrier)

@@ -30,7 +30,7 @@ class IntervalSearch:
         self.index = INTERVALS.index(start)
         self.best: tuple[int, float] | None = None  # (index, rate)
         self.direction = 1
-        self.events: list[dict] = []
+        self.trials: list[dict] = []  # each interval tried, its rate, the next one
 
     @property
     def interval(self) -> int:
@@ -47,8 +47,7 @@ class IntervalSearch:
         if nxt == self.index:
             self.direction = -self.direction
             nxt = min(max(self.index + self.direction, 0), len(INTERVALS) - 1)
-        self.events.append({"t": time.time(), "event": "commit_interval", "from": measured,
-                            "to": INTERVALS[nxt], "rate": rate})
+        self.trials.append({"t": time.time(), "from": measured, "to": INTERVALS[nxt], "rate": rate})
         self.index = nxt
 
 

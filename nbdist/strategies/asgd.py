@@ -9,7 +9,7 @@ from typing import ClassVar
 from . import options as opt
 from .base import Option, Reports
 from .nfdt import NfdtStrategy
-from .parameter_server import PsStrategy
+from .parameter_server import PS_EVENTS, PsStrategy
 
 LAM = Option("--lam", "dc-asgd's constant compensation strength lambda (default 0.04)", type=float, metavar="LAMBDA")
 P = Option("--p", "ddc-asgd: gamma = ((tau_bar+1)/(tau+1))**p (default 1; 0 turns it off)", type=float, metavar="P")
@@ -24,7 +24,7 @@ DDC_OPTIONS = (opt.LAM0, P, GAMMA_MIN, KAPPA, TAU_DROP, RHO)
 # the option names that are DelayParams fields (nbdist/ps/delay.py)
 _DELAY_FIELDS = ("lam", "lam0", "p", "gamma_min", "kappa", "tau_drop", "rho", "momentum")
 DELAY_REPORTS = Reports(panels=("loss", "throughput", "staleness", "staleness distribution", "gamma",
-                                "compensation"), controls=PsStrategy.reports.controls)
+                                "compensation"), controls=PsStrategy.reports.controls, events=PS_EVENTS)
 
 
 class AsgdStrategy(NfdtStrategy):
@@ -85,7 +85,8 @@ class SsgdStrategy(PsStrategy):
     name = "ssgd"
     summary = "synchronous SGD on the parameter server: one batch-weighted mean gradient per round"
     reads = tuple(o for o in (*opt.PARAMETER_SERVER, opt.MOMENTUM) if o not in (opt.MAX_STALENESS, opt.DATA_SHARDS))
-    reports = Reports(panels=("loss", "throughput"), controls=("pause", "resume", "stop", "lr_scale", "evict"))
+    reports = Reports(panels=("loss", "throughput"), controls=("pause", "resume", "stop", "lr_scale", "evict"),
+                      events=PS_EVENTS)
 
     def shard_settings(self, workers: int) -> dict:
         return {**super().shard_settings(workers), "max_staleness": None, "synchronous": True}

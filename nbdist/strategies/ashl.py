@@ -39,7 +39,7 @@ from . import options as opt
 from .adsp import local_committer
 from .asgd import DDC_OPTIONS, DELAY_REPORTS, DdcAsgdStrategy
 from .base import Option, Reports
-from .parameter_server import PsWorker
+from .parameter_server import PS_EVENTS, PsWorker
 
 PARTS = ("allocation", "switch", "compression")
 WITHOUT = Option("--without", "switch parts of ASHL off, for ablations: allocation (equal batches, every worker "
@@ -229,7 +229,10 @@ class AshlStrategy(DdcAsgdStrategy):
     reads = (*(o for o in (*opt.PARAMETER_SERVER, opt.MOMENTUM, *DDC_OPTIONS)
                if o not in (opt.MAX_STALENESS, opt.DATA_SHARDS)), WITHOUT, COMMITS)  # ASHL sizes each share itself
     reports = Reports(panels=(*DELAY_REPORTS.panels, "decisions"), phases=("profile", "ahl", "shl"),
-                      controls=("pause", "resume", "stop", "lr_scale", "evict", "switch_phase"))
+                      controls=("pause", "resume", "stop", "lr_scale", "evict", "switch_phase"),
+                      # its decisions are told together, in the profile table and decision lines it notes
+                      events={**PS_EVENTS, **dict.fromkeys(("allocated", "reallocated", "switch_phase", "compression",
+                                                            "end_laggards"))})
     worker_class = AshlWorker
     min_workers = 2
 
@@ -289,4 +292,4 @@ class AshlStrategy(DdcAsgdStrategy):
             except Exception:  # noqa: BLE001 - the run's outcome matters more than a late event
                 pass
         super().finish(run)
-        run.notes.append("\n".join([profile_table(run), *decisions(run)]))
+        run.note("\n".join([profile_table(run), *decisions(run)]))

@@ -10,7 +10,8 @@ dashboard's panels, the live controls, the phases). See docs/architecture.md.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 from ..errors import ClusterError, OptionError
@@ -53,17 +54,42 @@ class Option:
             raise OptionError(f"{self.flag} takes a number of at least {self.minimum:g}. Received: {self.flag} {value}")
 
 
+Sentence = Callable[[dict, Any], str]  # (event, run) -> what the cell prints
+
+
 @dataclass(frozen=True)
 class Reports:
     """What a strategy's runs report, read by the dashboard, the sidebar and the experiments.
 
     `panels`: the dashboard's figures (names in `nbdist.widgets.panels`); `controls`: the live
-    controls `Strategy.control` honours; `phases`: the training phases it goes through.
+    controls `Strategy.control` honours; `phases`: the training phases it goes through; `events`: the
+    kinds of event its runs record (`Run.record`) beyond `COMMON_EVENTS`, each with the sentence it prints
+    under the cell, in the dashboard and the sidebar (None: recorded, not told).
     """
 
     panels: tuple[str, ...] = ("loss", "throughput")
     controls: tuple[str, ...] = ("pause", "resume", "stop")
     phases: tuple[str, ...] = ()
+    events: Mapping[str, Sentence | None] = field(default_factory=dict)
+
+
+def _first_epoch(event) -> str:
+    return "" if event.get("first_epoch") is None else f", training from epoch {event['first_epoch'] + 1}"
+
+
+# what every run may record (controls are recorded as control:<action>, never told)
+COMMON_EVENTS: dict[str, Sentence | None] = {
+    "worker_died": lambda e, run: (f"worker rank {e['rank']} (engine {e['engine']}, host {e['host']}) died "
+                                   f"{e['after_s']:.1f} s into run {run.id}"),
+    "lost_peer": None,  # a survivor's broken collective, kept as the consequence of a death (in the error)
+    "engine_restarted": lambda e, run: (f"engine {e['engine']} died and a new engine was started in its place "
+                                        "(--restart-engines)"),
+    "restart_failed": lambda e, run: f"engine {e['engine']} died and could not be replaced: {e['reason']}",
+    "worker_joined": lambda e, run: (f"engine {e['engine']} (host {e['host']}) joined run {run.id} as rank "
+                                     f"{e['rank']} {e['after_s']:.1f} s in{_first_epoch(e)}"),
+    "join_refused": lambda e, run: (f"engine {e['engine']} registered during run {run.id} and was not taken in: "
+                                    f"{e['reason']}"),
+}
 
 
 class Worker:
@@ -144,6 +170,11 @@ class Strategy:
     def __init__(self, values: dict):
         self.values = values
         self.bus = None  # the run's control bus (`nbdist.control_bus`), set by `Run` while it runs
+
+    @classmethod
+    def event_sentences(cls) -> dict[str, Sentence | None]:
+        """Every kind of event this strategy's runs record, with its sentence (None: not told)."""
+        return {**COMMON_EVENTS, **cls.reports.events}
 
     def value(self, name: str):
         """The run's value of option `name` (its default when not given)."""

@@ -47,7 +47,7 @@ class NfdtStrategy(PsStrategy):
         super().finish(run)
         overlap = next((f.timings.get("overlap") for f in run.fits), None) or ""
         if overlap.startswith("off:") and self.value("overlap") == "auto":
-            run.notes.append(f"nbdist: --overlap auto was {overlap}.")
+            run.note(f"nbdist: --overlap auto was {overlap}.")
         note = momentum_note(run)
         if note:
-            run.notes.append(note)
+            run.note(note)

@@ -40,6 +40,15 @@ from . import options as opt
 from .base import Reports, Strategy, Worker
 from .ps_callbacks import epoch_agreement, follow_learning_rate, restore_best_weights, stop_when_asked
 
+# what every parameter-server run may record, beyond the common kinds
+PS_EVENTS = {
+    "shard_restarted": lambda e, run: (f"parameter-server shard {e['shard']} died and was restarted from its "
+                                       f"checkpoint (version {e['version']}) in {e['recovery_s']:.1f} s; "
+                                       f"{e['restarts_left']} restart(s) left"),
+    "resumed": None,  # from a checkpoint (--resume): the run's first line says so
+    "worker_dropped": None,  # a worker the shards stopped waiting for (its death is told)
+}
+
 
 class PsWorker(Worker):
     """One worker of a parameter-server strategy; see the module docstring for its hooks."""
@@ -236,7 +245,7 @@ class PsStrategy(Strategy):
 
     reads = (*opt.PARAMETER_SERVER, opt.MOMENTUM)
     reports = Reports(panels=("loss", "throughput", "staleness", "staleness distribution"),
-                      controls=("pause", "resume", "stop", "lr_scale", "max_staleness", "evict"))
+                      controls=("pause", "resume", "stop", "lr_scale", "max_staleness", "evict"), events=PS_EVENTS)
     worker_class = PsWorker
     survives_worker_loss = True
     uses_control_bus = False  # the shards carry the controls (they hold pushes, tell workers to stop)
@@ -262,8 +271,7 @@ class PsStrategy(Strategy):
                          "engine": s.engine} for s in self.service.shards]
         if resume is not None:
             self.service.restore(resume)
-            run.events.append({"t": time.time(), "event": "resumed", "path": resume["path"],
-                               "version": resume.get("version")})
+            run.record("resumed", path=resume["path"], version=resume.get("version"))
         clock, step = parse_clock(self.value("simulate"))
         return {"fractions": fractions, "shards": self.service.addresses, "key": self.service.key.hex(),
                 "ps_restarts": self.service.restarts_left,
@@ -360,9 +368,10 @@ class PsStrategy(Strategy):
 
     def _take_service_events(self, run) -> None:
         """The kernel's own PS events (shard restarts) onto the run, as they happen."""
-        if self.service is not None and self.service.events:
-            run.events += self.service.events
-            self.service.events = []
+        if self.service is not None and self.service.restarts:
+            for event in self.service.restarts:
+                run.record(event.pop("event"), **event)
+            self.service.restarts = []
 
     def finish(self, run) -> None:
         if self.service is None:
@@ -372,6 +381,7 @@ class PsStrategy(Strategy):
         if outcome["checkpoint"] and not run.checkpoint:
             run.checkpoint = {**outcome["checkpoint"], "weights": self.service.checkpoint_weights()}
         run.ps = outcome["shards"]
-        run.events += [e for shard in outcome["shards"] for e in shard.get("events", [])
-                       if e["event"] == "worker_dropped"]
+        for event in (e for shard in outcome["shards"] for e in shard.get("events", [])):
+            if event["event"] == "worker_dropped":
+                run.record("worker_dropped", **{k: v for k, v in event.items() if k != "event"})
         self.service = None

@@ -364,7 +364,7 @@ class PipelineStrategy(Strategy):
         fits = self.gather_result(run) if run.status == "done" else []
         if fits:
             run.plan = plan_table(fits[-1].parts["stages"])
-            run.notes.append(run.plan["text"])
+            run.note(run.plan["text"])
 
 
 def assemble(results: list[FitResult]) -> FitResult:

@@ -63,7 +63,7 @@ def stop_when_asked(exchange):
         async_safe = True  # reads a flag only; Keras need not wait for it each step
 
         def on_train_batch_end(self, batch, logs=None):
-            if exchange.stop_requested:
+            if exchange.stop_asked:
                 self.model.stop_training = True
 
     return StopWhenAsked()

@@ -19,7 +19,8 @@ from ..tensor_parallel.model import engine_bytes, parallel_model, reassemble
 from ..tensor_parallel.plan import plan_splits
 from . import horovod_ops as ops
 from .base import Option, Reports
-from .hfdt import STALL_TIMEOUT, HfdtStrategy, HfdtWorker
+from .hfdt import STALL_TIMEOUT, HfdtStrategy
+from .hfdt_worker import HfdtWorker
 
 SPLIT_LAYERS = Option("--split-layers", "tensor: auto (every Dense, Embedding and Conv2D whose kernel holds at "
                       "least 1/8 of the model's parameter bytes) or the names of the layers to split, "
@@ -71,7 +72,7 @@ class TensorStrategy(HfdtStrategy):
         fits = run.fits
         if fits and fits[-1].timings.get("tensor"):
             run.plan = plan_table([fit.timings["tensor"] for fit in _last_fits(run)])
-            run.notes.append(run.plan["text"])
+            run.note(run.plan["text"])
 
 
 def _last_fits(run) -> list:

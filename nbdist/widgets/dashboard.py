@@ -22,7 +22,6 @@ from plotly.subplots import make_subplots
 
 from ..ashl.report import decisions
 from ..errors import NbdistError
-from ..report import event_lines
 from ..strategies import REGISTRY
 from .controls import WIDGETS, Controls
 from .panels import figures_of
@@ -73,7 +72,7 @@ class Dashboard:
         self.figure = go.FigureWidget(self._empty_figure())
         self.table = widgets.HTML()
         self.decisions = widgets.HTML()  # ASHL's allocations, phase switch and compression changes, with reasons
-        self.events = widgets.HTML()  # deaths, recoveries, engines that joined (nbdist.report.event_lines)
+        self.events = widgets.HTML()  # deaths, recoveries, engines that joined (Run.event_lines)
         self.controls = Controls(self.workers, self.reports.controls, self.act)
         for name in WIDGETS:  # d.pause_button, d.ack, ... as the dashboard's own
             setattr(self, name, getattr(self.controls, name))
@@ -234,7 +233,7 @@ class Dashboard:
         lines = decisions(run)[-DECISIONS_SHOWN:] if "decisions" in self.reports.panels else []
         self.decisions.value = ("<b>decisions</b><pre style='margin:0'>" + html.escape("\n".join(lines)) + "</pre>"
                                 if lines else "")
-        happened = event_lines(run)
+        happened = run.event_lines()
         self.events.value = ("<b>events</b><ul style='margin:0'>" + "".join(f"<li>{html.escape(line)}</li>"
                                                                            for line in happened) + "</ul>"
                              if happened else "")
