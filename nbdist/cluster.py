@@ -272,6 +272,13 @@ class ClusterHandle:
         info = self._info.get(eid)
         return self.is_local(eid) and info.net_ns is not None and info.net_ns == self._local_net_ns
 
+    def address_towards(self, engines: list[int]) -> str:
+        """The kernel's address the engines reach its services at (a run's PS, rendezvous, control bus):
+        loopback when every one shares this kernel's network, else its address towards the cluster."""
+        from .netroute import address_towards_cluster
+
+        return address_towards_cluster(self.client, all(self.shares_network(e) for e in engines))
+
     def signal(self, ids: list[int], sig: int = signal.SIGINT) -> None:
         """Send `sig` to the engines' processes (SIGINT raises KeyboardInterrupt in running code)."""
         live = [e for e in ids if e in set(self.ids())]

@@ -142,6 +142,16 @@ def _pin_tensorflow(chosen: Placement) -> str:
     return "tf.config"
 
 
+def device_scope():
+    """Where an engine's training computes: the first GPU it sees (the one `pin` gave it; Horovod's local rank
+    may differ from the pin), else the CPU."""
+    import contextlib
+
+    import tensorflow as tf
+
+    return tf.device("/GPU:0") if tf.config.get_visible_devices("GPU") else contextlib.nullcontext()
+
+
 def pinned() -> dict | None:
     """This process's placement for `%dist status`: {"gpu": label, "how", "local_rank"}, None if never pinned."""
     if _pinned is None:

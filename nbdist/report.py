@@ -66,8 +66,7 @@ def worker_table(run) -> str:
         records = [r for fit in run.results.get(eid, []) for r in fit.records]
         last = records[-1] if records else {}
         taus = [p["staleness"] for p in pushes if p["worker"] == rank and p["staleness"] is not None]
-        state = ("died" if rank in run.dead_ranks() else "evicted" if rank in run.evicted_ranks() else
-                 "done" if eid in run.results else "-")
+        state = run.worker_state(rank)
         rows.append([rank, eid, run.hosts.get(eid, {}).get("host", "-"), last.get("step", "-"),
                      f"{last['loss']:.4f}" if last.get("loss") is not None else "-",
                      f"{last['samples_per_s']:,.0f}" if last.get("samples_per_s") else "-",

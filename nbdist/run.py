@@ -14,7 +14,6 @@ from .cluster import ClusterHandle
 from .control_bus import ControlBus
 from .keras_bridge import FitResult
 from .limits import LIMITS
-from .netroute import address_towards_cluster
 from .newcomers import Newcomers
 from .telemetry import make_record
 
@@ -146,6 +145,16 @@ class Run:
         """Ranks whose engine died or whom the PS dropped as silent."""
         return {e["rank"] for e in self.events_of("worker_died")} | \
             {e["worker"] for e in self.events_of("worker_dropped")}
+
+    def worker_state(self, rank: int) -> str:
+        """What became of the worker of `rank`: died, evicted, done, running (or "-": not yet)."""
+        if rank in self.dead_ranks():
+            return "died"
+        if rank in self.evicted_ranks():
+            return "evicted"
+        if rank < len(self.workers) and self.workers[rank] in self.results:
+            return "done"
+        return "running" if self.status == "running" else "-"
 
     def evicted_ranks(self) -> set[int]:
         """Ranks evicted by a control."""
@@ -290,8 +299,7 @@ def _launch(run: Run, cluster: ClusterHandle, strategy, pending: dict, before_su
     """The control bus, the strategy's preparation, then the cell on every worker (into `pending`); returns
     what takes in engines that join while it trains (`Newcomers`, or None)."""
     if strategy.uses_control_bus:
-        strategy.bus = ControlBus().start(address_towards_cluster(
-            cluster.client, all(cluster.shares_network(e) for e in run.workers)))
+        strategy.bus = ControlBus().start(cluster.address_towards(run.workers))
     config = strategy.prepare(run, cluster)
     run.prepared.set()  # a control sent from now on reaches the job (one sent earlier waited for this)
     if before_submit is not None:

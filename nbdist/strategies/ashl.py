@@ -236,6 +236,10 @@ class AshlStrategy(DdcAsgdStrategy):
     worker_class = AshlWorker
     min_workers = 2
 
+    @classmethod
+    def decision_lines(cls, run) -> list[str]:
+        return decisions(run)
+
     def __init__(self, values):
         super().__init__(values)
         self.coordinator: Coordinator | None = None

@@ -172,6 +172,12 @@ class Strategy:
         self.bus = None  # the run's control bus (`nbdist.control_bus`), set by `Run` while it runs
 
     @classmethod
+    def decision_lines(cls, run) -> list[str]:
+        """One line per decision the run made of itself (ASHL's allocations and phase switch), for the
+        dashboard's "decisions" panel; none by default."""
+        return []
+
+    @classmethod
     def event_sentences(cls) -> dict[str, Sentence | None]:
         """Every kind of event this strategy's runs record, with its sentence (None: not told)."""
         return {**COMMON_EVENTS, **cls.reports.events}
@@ -186,6 +192,15 @@ class Strategy:
         from ..hetero import parse_clock
 
         return parse_clock(self.values.get("simulate"))[0]
+
+    def clock_config(self, workers: int) -> dict:
+        """What every worker needs of `--simulate`: each rank's profile, and the virtual clock's step (None:
+        the real clock)."""
+        from ..hetero import parse_clock, parse_simulate
+
+        clock, step = parse_clock(self.value("simulate"))
+        return {"simulate": [p.to_json() for p in parse_simulate(self.value("simulate"), workers)],
+                "virtual": {"step": step.to_json() if step else None} if clock == "virtual" else None}
 
     def array_shards(self) -> bool:
         """Whether every worker trains on the equal strided shard of the cell's arrays

@@ -9,9 +9,7 @@ import signal
 import time
 
 from ..errors import CollectiveStalled, EngineDied
-from ..hetero import parse_clock, parse_simulate
 from ..limits import LIMITS
-from ..netroute import address_towards_cluster
 from ..rendezvous import Rendezvous, host_plan, require_horovod
 from .base import Option, Reports, Strategy
 from .hfdt_elastic import LEFT_KEY
@@ -98,16 +96,13 @@ class HfdtStrategy(Strategy):
         self.cluster = cluster
         order, slots = host_plan([cluster.info(eid).host for eid in run.workers])
         run.workers[:] = [run.workers[i] for i in order]  # rank order
-        self.address = address_towards_cluster(cluster.client, all(cluster.shares_network(e) for e in run.workers))
+        self.address = cluster.address_towards(run.workers)
         self.rendezvous = Rendezvous(self.address)
         port = self.rendezvous.start(slots)
         self.ranks = list(run.workers)
         self.shards = {eid: rank for rank, eid in enumerate(run.workers)}
         self.first_size = len(run.workers)
-        profiles = parse_simulate(self.value("simulate"), len(run.workers))
-        clock, step = parse_clock(self.value("simulate"))
-        return {"address": self.address, "port": port, "simulate": [p.to_json() for p in profiles],
-                "virtual": {"step": step.to_json() if step else None} if clock == "virtual" else None,
+        return {"address": self.address, "port": port, **self.clock_config(len(run.workers)),
                 "slots": [_slot(s) for s in slots], "elastic": self.elastic}
 
     @property

@@ -7,12 +7,11 @@ balances batches (`--balance auto`), and keeps rank 0's files whole before any r
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import sys
 
-from .. import balance
+from .. import balance, gpus
 from ..errors import ClusterError
 from ..fused_steps import fused_steps
 from ..hetero import Slowdown
@@ -36,12 +35,7 @@ class HfdtWorker(Worker):
         return self.config["slots"][self.rank]
 
     def cell_context(self):
-        """Each engine computes on the GPU nbdist pinned it to when the cluster probed it (`nbdist.gpus`):
-        the first it sees (Horovod's local rank can differ from the pin)."""
-        import tensorflow as tf
-
-        visible = tf.config.get_visible_devices("GPU")
-        return tf.device("/GPU:0") if visible else contextlib.nullcontext()
+        return gpus.device_scope()
 
     def fit(self, request):
         model, optimizer = request.model, request.model.optimizer

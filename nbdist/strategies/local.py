@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..hetero import Profile, StepCost, parse_clock, parse_simulate
+from ..hetero import Profile, StepCost
 from ..keras_bridge import apply_gradients_restored
 from .base import Strategy, Worker
 from .control_step import controlled, stop_when_stopped
@@ -56,6 +56,4 @@ class LocalStrategy(Strategy):
     default_workers = 1
 
     def prepare(self, run, cluster) -> dict:
-        clock, step = parse_clock(self.value("simulate"))
-        return {"simulate": [p.to_json() for p in parse_simulate(self.value("simulate"), 1)],
-                "virtual": {"step": step.to_json() if step else None} if clock == "virtual" else None}
+        return self.clock_config(1)

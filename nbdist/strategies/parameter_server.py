@@ -25,10 +25,9 @@ import numpy as np
 
 from .. import interrupt_guard, optimizer_state
 from ..errors import NbdistError, OptionError, ParameterServerFailed
-from ..hetero import Profile, Slowdown, StepCost, parse_clock, parse_simulate
+from ..hetero import Profile, Slowdown, StepCost, parse_simulate
 from ..keras_bridge import apply_gradients_restored, build_for_training
 from ..limits import LIMITS
-from ..netroute import address_towards_cluster
 from ..ps import checkpoint, delay, rules
 from ..ps.client import PsClient, merged
 from ..ps.exchange import PushPull
@@ -264,7 +263,7 @@ class PsStrategy(Strategy):
         self.service = PsService(run.id, self.value("ps_shards"), len(run.workers), settings,
                                  self.value("checkpoint_dir"), self.value("checkpoint_every"),
                                  restarts=self.shard_restarts(settings))
-        towards = address_towards_cluster(cluster.client, all(cluster.shares_network(e) for e in run.workers))
+        towards = cluster.address_towards(run.workers)
         on_engines = self.value("ps_on") == "engines"
         self.service.start(towards, cluster if on_engines else None, run.workers if on_engines else None)
         run.services = [{"kind": "shard", "index": s.index, "pid": s.pid, "host": s.host, "address": s.address,
@@ -272,13 +271,11 @@ class PsStrategy(Strategy):
         if resume is not None:
             self.service.restore(resume)
             run.record("resumed", path=resume["path"], version=resume.get("version"))
-        clock, step = parse_clock(self.value("simulate"))
         return {"fractions": fractions, "shards": self.service.addresses, "key": self.service.key.hex(),
                 "ps_restarts": self.service.restarts_left,
                 "overlap": self.overlaps(),
                 "rule": (settings["rule"] or {}).get("preset"),
-                "simulate": [p.to_json() for p in profiles],
-                "virtual": {"step": step.to_json() if step else None} if clock == "virtual" else None}
+                **self.clock_config(len(run.workers))}
 
     @property
     def takes_newcomers(self) -> bool:

@@ -12,9 +12,9 @@ import contextlib
 
 import numpy as np
 
+from .. import gpus
 from ..errors import OptionError
 from ..keras_bridge import FitResult, build_from_sample
-from ..netroute import address_towards_cluster
 from ..pipeline import schedule as schedules
 from ..pipeline import split as splits
 from ..pipeline.links import AddressBook, StageLinks
@@ -57,9 +57,7 @@ class PipelineWorker(Worker):
         return self.rank == self.position.stages - 1
 
     def cell_context(self):
-        import tensorflow as tf
-
-        return tf.device("/GPU:0") if tf.config.get_visible_devices("GPU") else contextlib.nullcontext()
+        return gpus.device_scope()
 
     def fit(self, request):
         model = request.model
@@ -337,7 +335,7 @@ class PipelineStrategy(Strategy):
 
     def prepare(self, run, cluster) -> dict:
         key = wire.new_key()
-        address = address_towards_cluster(cluster.client, all(cluster.shares_network(e) for e in run.workers))
+        address = cluster.address_towards(run.workers)
         self.book = AddressBook(len(run.workers), key)
         book = self.book.start(address)
         replicas = int(self.value("replicas") or 1)

@@ -20,7 +20,6 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..ashl.report import decisions
 from ..errors import NbdistError
 from ..strategies import REGISTRY
 from .controls import WIDGETS, Controls
@@ -98,7 +97,7 @@ class Dashboard:
                          go.Scatter(name=f"worker {k}", legendgroup=str(k), showlegend=i == 0, mode="lines",
                                     line_color=colour))
                 figure.add_trace(trace, row=row + 1, col=col + 1)
-            figure.update_xaxes(title_text=panel.x_title(self._clock()), row=row + 1, col=col + 1)
+            figure.update_xaxes(title_text=panel.x_title(self.run.clock), row=row + 1, col=col + 1)
             figure.update_yaxes(title_text="pushes" if panel.histogram else panel.y_title, row=row + 1, col=col + 1)
         figure.add_trace(go.Scatter(name="global loss (mean of nodes)", mode="lines",
                                     line={"color": "black", "dash": "dash"}), row=1, col=1)
@@ -107,9 +106,6 @@ class Dashboard:
         figure.update_layout(height=260 * rows + 80, margin={"t": 40, "b": 30}, barmode="overlay",
                              legend={"orientation": "h"})
         return figure
-
-    def _clock(self) -> str:
-        return "virtual" if "clock=virtual" in str(self.run.options.get("simulate") or "").replace(" ", "") else "real"
 
     def trace(self, panel: str, worker: int):
         """The figure trace of `worker` in `panel`."""
@@ -230,7 +226,8 @@ class Dashboard:
                 trace.x, trace.y = series.x, series.y
         self.header.value = self._header(run, now)
         self.table.value = self._node_table(run, now)
-        lines = decisions(run)[-DECISIONS_SHOWN:] if "decisions" in self.reports.panels else []
+        shown = "decisions" in self.reports.panels
+        lines = REGISTRY[run.strategy].decision_lines(run)[-DECISIONS_SHOWN:] if shown else []
         self.decisions.value = ("<b>decisions</b><pre style='margin:0'>" + html.escape("\n".join(lines)) + "</pre>"
                                 if lines else "")
         happened = run.event_lines()
@@ -261,13 +258,17 @@ class Dashboard:
         rates = {k: self.series[("throughput", k)].y[-1] for k in self.workers
                  if ("throughput", k) in self.series and self.series[("throughput", k)].y}
         median = statistics.median(rates.values()) if rates else None
-        died, evicted = run.dead_ranks(), run.evicted_ranks() | set(self.control_state.get("evicted") or [])
+        evicted = set(self.control_state.get("evicted") or [])  # acknowledged by a shard before the run knows
         rows = []
         for k, eid in enumerate(run.workers):
             latest = run.progress.get(eid) or {}
-            state = ("dead" if k in died else "evicted" if k in evicted else
-                     "done" if run.status not in ("pending", "running") else
-                     "slow" if median and rates.get(k, median) < 0.5 * median else "running")
+            state = run.worker_state(k)
+            if state in ("running", "-") and k in evicted:
+                state = "evicted"
+            elif state == "running" and median and rates.get(k, median) < 0.5 * median:
+                state = "slow"
+            elif state == "-" and run.status not in ("pending", "running"):
+                state = "done"
             seen = f"{now - self.last_seen[k]:.1f} s ago" if k in self.last_seen else "-"
             info = run.hosts.get(eid, {})
             rate = f"{rates[k]:,.0f}" if k in rates else "-"
