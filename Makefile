@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 WHEEL_PY := $(if $(wildcard $(PY)),$(PY),python3)
 NBDIST_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/nbdist
 
-.PHONY: setup demo test check lab wheel clean
+.PHONY: setup demo test check acceptance lab wheel clean
 
 setup:
 	@bash scripts/setup.sh
@@ -19,13 +19,19 @@ demo: setup
 # build/durations.txt, every test's outcome and time to build/junit.xml.
 test: setup
 	@mkdir -p build
-	NBDIST_PROGRESS=text $(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=600 -p no:cacheprovider \
-		--durations=25 --junitxml=build/junit.xml; status=$$?; \
+	NBDIST_PROGRESS=text $(PY) -m pytest tests notebooks -m "not acceptance" --nbval-lax --nbval-cell-timeout=600 \
+		-p no:cacheprovider --durations=25 --junitxml=build/junit.xml; status=$$?; \
 		$(PY) scripts/slowest_tests.py build/junit.xml 25 > build/durations.txt; exit $$status
 
 # The inner loop: the tests that run in this process only (no cluster, kernel, browser or other process).
 check: setup
 	NBDIST_PROGRESS=text $(PY) -m pytest tests -m "not cluster" -p no:cacheprovider -q --durations=10
+
+# keras-io's own examples as notebooks with no marks, under every strategy (tests/keras_io; about 12 minutes on 2
+# cores). Every test's outcome and time to build/acceptance.xml.
+acceptance: setup
+	@mkdir -p build
+	NBDIST_PROGRESS=text $(PY) -m pytest tests/keras_io -p no:cacheprovider --durations=10 --junitxml=build/acceptance.xml
 
 lab: setup
 	$(VENV)/bin/jupyter lab

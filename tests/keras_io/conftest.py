@@ -1,0 +1,44 @@
+"""keras-io's own examples as notebooks with no marks: one module per example, one kernel per module.
+
+Every test here is an `acceptance` test (`make acceptance` runs them; `make test` and `make check` leave them out)
+and a `cluster` test. The modules use the suite's shared 2-engine cluster (tests/conftest.py): an example leaves
+its engines idle, as any notebook should.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.keras_io.harness import NotebookKernel
+from tests.support import idle_engines, scaled
+
+SETUP_TIMEOUT_S = 180  # a cell of an example's set-up (imports, data, a small pre-training in the kernel)
+
+
+def pytest_collection_modifyitems(items):
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.path).parents:
+            item.add_marker(pytest.mark.acceptance)
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="module")
+def notebook(cluster, request, tmp_path_factory):
+    """A fresh kernel for the module's example (a new notebook): nbdist loaded and connected, then the example's
+    SETUP cells run as plain cells, in a folder of its own (the example's files land there). Stopped at the
+    module's end, also when a test failed."""
+    folder = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
+    idle_engines(cluster, 2)
+    driver = NotebookKernel(cwd=str(folder))
+    try:
+        driver.run("%load_ext nbdist\nimport nbdist").check()
+        driver.run(f"%dist connect --cluster-id {cluster.cluster_id}", timeout=scaled(120)).check()
+        for cell in request.module.SETUP:
+            driver.run(cell, timeout=SETUP_TIMEOUT_S).check()
+        driver.folder = folder
+        yield driver
+    finally:
+        driver.stop()

@@ -1,0 +1,142 @@
+"""How a keras-io example runs as a notebook under a strategy, and what its declared outcome requires.
+
+An example module (one notebook) declares:
+
+- SOURCE, LICENCE: where the example comes from (keras-team/keras-io, Apache License 2.0);
+- SETUP: its first cells (imports, data), run once in the module's fresh kernel, as plain cells;
+- RUN: the cells run again for each strategy: the ones that build the model, the training cell(s), whose first
+  line is `%%distribute {line}` (the strategy's options fill it), and the cells after training; an entry may
+  also be a function (notebook, strategy) that checks the notebook between two cells;
+- OUTCOMES: for every strategy of STRATEGIES, `Trains()` or `Refused("a phrase of nbdist's OptionError")`;
+- MODEL: the notebook name of the model the training cell fits (an hfdt run's ranks must end equal);
+- check(notebook, strategy): what the example's own text says it shows, at the small size;
+- FILES (optional): glob patterns of the files the example writes beside the notebook, removed before each
+  strategy's run so that its check sees that run's files.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from tests.kernel_driver import KernelDriver
+
+STRATEGIES = ("local", "hfdt", "nfdt", "pipeline", "tensor")
+LINES = {
+    "local": "--strategy local --workers 1 --seed 1",
+    "hfdt": "--strategy hfdt --workers 2 --seed 1",
+    "nfdt": "--strategy nfdt --workers 2 --seed 1",
+    "pipeline": "--strategy pipeline --stages 2 --seed 1",
+    "tensor": "--strategy tensor --workers 2 --seed 1",
+}
+CELL_TIMEOUT_S = 240  # one cell of an example at its small size, on a loaded 2-core machine
+
+
+@dataclass(frozen=True)
+class Trains:
+    """The example trains under the strategy; the module's `check` then asserts what the example shows."""
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The strategy refuses the example by name, before any engine trains: nbdist's OptionError saying `says`."""
+
+    says: str
+
+
+def distributed(cell: str, strategy: str) -> str:
+    return cell.replace("%%distribute {line}", f"%%distribute {LINES[strategy]}", 1)
+
+
+def run_example(notebook, module, strategy: str, cluster) -> None:
+    """Run the example's RUN cells under `strategy` and hold it to its declared outcome."""
+    outcome = module.OUTCOMES[strategy]
+    for pattern in getattr(module, "FILES", ()):
+        for path in notebook.folder.glob(pattern):
+            path.unlink()
+    before = notebook.value("nbdist.last_run.id if nbdist.last_run else 0")
+    for cell in module.RUN:
+        if callable(cell):
+            cell(notebook, strategy)
+            continue
+        is_training = cell.startswith("%%distribute {line}")
+        reply = notebook.run(distributed(cell, strategy) if is_training else cell, timeout=CELL_TIMEOUT_S)
+        if is_training and isinstance(outcome, Refused):
+            assert_refused(notebook, reply, outcome, before)
+            return
+        assert reply.status == "ok", f"a cell failed under {strategy}: {brief(reply)}\ncell:\n{cell[:400]}"
+    assert isinstance(outcome, Trains), f"{strategy} was declared {outcome} but every cell ran"
+    if strategy == "hfdt":
+        assert_replicas_agree(notebook, cluster, module.MODEL)
+    module.check(notebook, strategy)
+
+
+def assert_refused(notebook, reply, outcome: Refused, before: int) -> None:
+    """An OptionError of nbdist naming what it refuses, not a traceback from inside Keras; no engine trained."""
+    assert reply.status == "error", f"expected a refusal saying {outcome.says!r}; the cell ran:\n{reply.stdout[-3000:]}"
+    assert reply.ename == "OptionError", f"expected nbdist's OptionError saying {outcome.says!r}, got: {brief(reply)}"
+    assert outcome.says in reply.evalue, f"the refusal does not say {outcome.says!r}: {reply.evalue}"
+    assert "keras/src" not in reply.error_text, f"the refusal carries a Keras traceback: {brief(reply)}"
+    trained = notebook.value(f"bool(nbdist.last_run and nbdist.last_run.id != {before} and "
+                             "any(nbdist.last_run.results.values()))")
+    assert not trained, "an engine trained before the refusal"
+
+
+class NotebookKernel(KernelDriver):
+    """A KernelDriver whose replies keep every error a cell showed (`reply.errors`), not only the last: when the
+    notebook's replay of a training cell fails, nbdist's own error follows the one that says why."""
+
+    def collect(self, msg_id, timeout=120, until_output=None):
+        errors, read = [], self.kc.get_iopub_msg
+
+        def reading(timeout=None):
+            msg = read(timeout=timeout)
+            if msg["msg_type"] == "error" and msg["parent_header"].get("msg_id") == msg_id:
+                errors.append(msg["content"])
+            return msg
+
+        self.kc.get_iopub_msg = reading
+        try:
+            reply = super().collect(msg_id, timeout, until_output)
+        finally:
+            self.kc.get_iopub_msg = read
+        reply.errors = errors
+        return reply
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def brief(reply, lines: int = 10) -> str:
+    """A failed cell's errors in a few lines each: name and message, then the end of the traceback (no colours)."""
+    shown = []
+    for error in getattr(reply, "errors", None) or [{"ename": reply.ename, "evalue": reply.evalue,
+                                                      "traceback": reply.traceback}]:
+        tail = [line for line in _plain("\n".join(error.get("traceback") or [])).splitlines() if line.strip()]
+        shown += [f"{error['ename']}: {_plain(str(error['evalue']))}", *tail[-lines:]]
+    return "\n".join([*shown, f"stdout: {_plain(reply.stdout[-1500:])}"])
+
+
+DIGEST = '''
+import hashlib as _hashlib, numpy as _np
+_nbdist_test_digest = _hashlib.sha256(b"".join(_np.asarray(w).tobytes() for w in {name}.trainable_weights)).hexdigest()
+'''
+
+
+def assert_replicas_agree(notebook, cluster, name: str) -> None:
+    """After a synchronous data-parallel run every rank holds the same trainable weights (rank 0's)."""
+    client = cluster.client
+    workers = notebook.value("nbdist.last_run.workers")
+    digests = {}
+    for eid in workers:
+        client[eid].execute(DIGEST.format(name=name), block=True)
+        digests[eid] = client[eid].pull("_nbdist_test_digest", block=True)
+        client[eid].execute("del _nbdist_test_digest", block=True)
+    assert len(set(digests.values())) == 1, (f"the hfdt ranks ended with different weights of `{name}` "
+                                             f"(engine: digest) {digests}: its updates were not averaged")
+
+
+def history(notebook, key: str) -> list[float]:
+    """The run's History values of `key`, as the notebook received them."""
+    return notebook.value(f"[float(v) for v in nbdist.last_run.history[{key!r}]]")

@@ -1,0 +1,98 @@
+"""keras-io "Simple MNIST convnet" as a notebook with no marks: a Sequential convnet on arrays.
+
+Source: https://github.com/keras-team/keras-io/blob/master/examples/vision/mnist_convnet.py (fchollet),
+Apache License 2.0. Adapted: Fashion-MNIST from nbdist.datasets instead of keras.datasets.mnist (offline),
+4,096 training images, 8 and 16 filters instead of 32 and 64, 3 epochs instead of 15.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.keras_io.harness import STRATEGIES, Trains, history, run_example
+
+SOURCE = "keras-team/keras-io examples/vision/mnist_convnet.py"
+LICENCE = "Apache-2.0"
+
+SETUP = [
+    '''
+import numpy as np
+import keras
+from keras import layers
+from nbdist.datasets import fashion_mnist
+''',
+    '''
+# Model / data parameters
+num_classes = 10
+input_shape = (28, 28, 1)
+
+# Load the data and split it between train and test sets
+(x_train, y_train), (x_test, y_test) = fashion_mnist(limit=4096)
+
+# Scale images to the [0, 1] range
+x_train = x_train.astype("float32") / 255
+x_test = x_test.astype("float32") / 255
+# Make sure images have shape (28, 28, 1)
+x_train = np.expand_dims(x_train, -1)
+x_test = np.expand_dims(x_test, -1)
+print("x_train shape:", x_train.shape)
+print(x_train.shape[0], "train samples")
+print(x_test.shape[0], "test samples")
+
+
+# convert class vectors to binary class matrices
+y_train = keras.utils.to_categorical(y_train, num_classes)
+y_test = keras.utils.to_categorical(y_test, num_classes)
+''',
+]
+
+RUN = [
+    '''
+model = keras.Sequential(
+    [
+        keras.Input(shape=input_shape),
+        layers.Conv2D(8, kernel_size=(3, 3), activation="relu"),
+        layers.MaxPooling2D(pool_size=(2, 2)),
+        layers.Conv2D(16, kernel_size=(3, 3), activation="relu"),
+        layers.MaxPooling2D(pool_size=(2, 2)),
+        layers.Flatten(),
+        layers.Dropout(0.5),
+        layers.Dense(num_classes, activation="softmax"),
+    ]
+)
+
+model.summary()
+''',
+    '''%%distribute {line}
+batch_size = 128
+epochs = 3
+
+model.compile(loss="categorical_crossentropy", optimizer="adam", metrics=["accuracy"])
+
+model.fit(x_train, y_train, batch_size=batch_size, epochs=epochs, validation_split=0.1)
+''',
+    '''
+score = model.evaluate(x_test, y_test, verbose=0)
+print("Test loss:", score[0])
+print("Test accuracy:", score[1])
+''',
+]
+
+OUTCOMES = {"local": Trains(), "hfdt": Trains(), "nfdt": Trains(), "pipeline": Trains(), "tensor": Trains()}
+MODEL = "model"
+
+
+def check(notebook, strategy):
+    """The example: "a simple convnet that achieves ~99% test accuracy" (MNIST, 15 epochs). At 4,096 Fashion-MNIST
+    images and 3 epochs: well above chance (10%) on the test images, and the loss fell."""
+    accuracy = notebook.value("float(score[1])")
+    loss = history(notebook, "loss")
+    assert len(loss) == 3 and loss[-1] < loss[0], loss
+    assert accuracy > (0.3 if strategy == "nfdt" else 0.5), f"test accuracy {accuracy:.3f} under {strategy}"
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_example(notebook, cluster, strategy):
+    run_example(notebook, sys.modules[__name__], strategy, cluster)
