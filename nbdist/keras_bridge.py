@@ -121,20 +121,33 @@ def intercept_fit(handler: Callable[[FitRequest], Any]):
         keras.Model.fit = original
 
 
+def other_optimizers(model) -> dict:
+    """The optimizers a model holds besides `model.optimizer`, by attribute (a GAN's `d_optimizer` and
+    `g_optimizer`, which its own `train_step` applies)."""
+    import keras
+
+    main = getattr(model, "optimizer", None)
+    return {name: value for name, value in vars(model).items()
+            if isinstance(value, keras.optimizers.Optimizer) and value is not main and not name.startswith("_")}
+
+
 @contextlib.contextmanager
 def apply_gradients_restored(model):
-    """Within the block a strategy may replace `model.optimizer.apply_gradients` (and `jit_compile`); after
-    it both are back as they were and the train function is retraced, on both sides of the block."""
+    """Within the block a strategy may replace the `apply_gradients` of `model.optimizer` (and of the model's
+    other optimizers) and `jit_compile`; after it all are back as they were and the train function is
+    retraced, on both sides of the block."""
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:  # not compiled: Keras' own fit says so
         yield
         return
-    original, jit = optimizer.apply_gradients, model.jit_compile
+    optimizers = [optimizer, *other_optimizers(model).values()]
+    originals, jit = [o.apply_gradients for o in optimizers], model.jit_compile
     model.train_function = None
     try:
         yield
     finally:
-        optimizer.apply_gradients = original
+        for each, original in zip(optimizers, originals):
+            each.apply_gradients = original
         model.jit_compile = jit
         model.train_function = None
 
@@ -190,7 +203,13 @@ def build_for_training(model, x) -> None:
 
 
 def build_from_sample(model, sample_input):
-    """Build a subclassed model by calling it once on one example of the training input."""
+    """Build a subclassed model by calling it once on one example of the training input. A model with no
+    `call` of its own (a GAN whose `train_step` drives its sub-models) has its sub-models' variables: nothing
+    to call."""
+    import keras
+
+    if type(model).call is keras.Model.call:
+        return
     if sample_input is None:
         raise OptionError("The model has no weights yet and the training input is unknown; build it before fit.")
     if is_dataset(sample_input):

@@ -43,6 +43,14 @@ def models_used(python: str, namespace: dict) -> dict:
             if isinstance(namespace.get(name), keras.Model)}
 
 
+def own_classes(models, namespace: dict) -> list[str]:
+    """The names of the notebook's own classes (a custom layer, a subclassed model) these models are made of:
+    an engine needs them before it can unpickle the models."""
+    used = {type(layer) for model in models for layer in _layers(model)}
+    return [name for name, value in namespace.items()
+            if isinstance(value, type) and value in used and value.__module__ == "__main__"]
+
+
 def _layers(model):
     """The model and all its layers, depth first (the same order on every process)."""
     yield model
@@ -138,8 +146,14 @@ def receive(name: str, blob: bytes) -> None:
     """Engine side: the whole model, as Keras pickles it (its own saving format inside)."""
     import pickle
 
+    import keras
+
     from .namespace import NAMES_VAR, user_namespace
 
     namespace = user_namespace()
-    namespace[name] = pickle.loads(blob)
+    # the notebook's own classes (layers, models, losses it defined, brought here before the model) by their
+    # names: Keras looks an unregistered class up in its module, __main__, which is not where a cell defines it
+    own = {k: v for k, v in namespace.items() if isinstance(v, type) and v.__module__ == "__main__"}
+    with keras.saving.custom_object_scope(own):
+        namespace[name] = pickle.loads(blob)
     namespace.setdefault(NAMES_VAR, set()).add(name)  # released with the names the cells bound

@@ -69,7 +69,7 @@ class Run:
     plan: dict = field(default_factory=dict)  # how a model-parallel run split the model (pipeline: stages, cuts)
     hosts: dict[int, dict] = field(default_factory=dict)  # engine id -> {"host", "gpus"}
     sent: dict = field(default_factory=dict)  # what the kernel sent before training: {"model_bytes", "models",
-    # "brought": {"names", "data_bytes", "sharded"}}
+    # "brought": {"names", "data_bytes", "sharded", "digests"}}
     services: list[dict] = field(default_factory=list)  # processes started for the run: {"kind", "pid", "host", ...}
     controller: object = field(default=None, repr=False)  # the strategy object while it runs
     thread: object = field(default=None, repr=False)  # the `Background` of a --background run not yet waited for

@@ -171,8 +171,9 @@ class Session:
         python = self.shell.transform_cell(cell)
         namespace = self.shell.user_ns
         marked = {n for d in self.definitions.values() for n in bindings(self._python(d.source))}
-        skip = marked | set(model_sync.models_used(python, namespace))
-        return bring.plan(python, namespace, self._notebook_cells(), skip, names)
+        models = model_sync.models_used(python, namespace)
+        also = model_sync.own_classes(models.values(), namespace)  # the models' custom layers, for their unpickling
+        return bring.plan(python, namespace, self._notebook_cells(), marked | set(models), names, also)
 
     def _notebook_cells(self) -> list[tuple[int, str]]:
         history = self.shell.user_ns.get("In") or []
@@ -184,18 +185,35 @@ class Session:
             python = self._transformed[source] = self.shell.transform_cell(source)
         return python
 
-    def _bring(self, run: runs.Run, strategy, items: list[bring.Item], newcomer=None) -> None:
-        """Send the plan to the run's workers (in rank order, after the strategy has prepared), or to one
-        `newcomer` (engine, (rank, size)) joining the running run."""
+    def _shard_names(self, cell: str, strategy) -> set[str]:
+        """The arrays each worker gets only its strided shard of (the strategy shards so, the cell reads them
+        only as fit's data)."""
         from .bring.names import fit_array_names
 
-        if not items:
-            return
-        shard_names = fit_array_names(self._python(run.cell)) if strategy.array_shards() else set()
+        return fit_array_names(self._python(cell)) if strategy.array_shards() else set()
+
+    def _before_models(self, cell: str, strategy, items: list[bring.Item]) -> tuple[list, list]:
+        """The part of a bring plan the engines need before the notebook's models reach them (imports, the
+        notebook's classes and functions, the values they read), and the rest (values sent by shard, in rank
+        order once the strategy has prepared, and the statements that remake a value from them)."""
+        later = self._shard_names(cell, strategy)
+        return ([i for i in items if not (i.remade or i.name in later)],
+                [i for i in items if i.remade or i.name in later])
+
+    def _bring(self, run: runs.Run, strategy, items: list[bring.Item], newcomer=None) -> None:
+        """Send the rest of the plan to the run's workers (in rank order, after the strategy has prepared), or
+        part of it to one `newcomer` (engine, (rank, size)) joining the running run."""
+        shard_names = self._shard_names(run.cell, strategy)
+        early = run.sent.get("brought") or {"names": [], "data_bytes": 0, "sharded": [], "digests": {}}
         if newcomer is not None:
-            bring.send(items, self.require_cluster(), [newcomer[0]], shard_names, dict([newcomer]))
+            bring.send(items, self.require_cluster(), [newcomer[0]], shard_names, dict([newcomer]), early["digests"])
             return
-        brought = bring.send(items, self.require_cluster(), run.workers, shard_names)
+        late = (bring.send(items, self.require_cluster(), run.workers, shard_names, digests=early["digests"])
+                if items else early)
+        brought = early if late is early else {**{k: early[k] + late[k] for k in ("names", "data_bytes", "sharded")},
+                                               "digests": late["digests"]}
+        if not brought["names"] and not items:
+            return
         run.sent["brought"] = brought
         if brought["names"]:
             sharded = f"; {', '.join(brought['sharded'])} as one shard per worker" if brought["sharded"] else ""
@@ -206,8 +224,10 @@ class Session:
                           position: tuple[int, int]) -> None:
         """What the run's workers received before training, for engine `eid` joining it as (rank, size)."""
         self.sync_definitions([eid])
+        first, rest = self._before_models(run.cell, strategy, items)
+        self._bring(run, strategy, first, newcomer=(eid, position))
         self.sync_models(run.cell, [eid])
-        self._bring(run, strategy, items, newcomer=(eid, position))
+        self._bring(run, strategy, rest, newcomer=(eid, position))
 
     def push(self, names: list[str]) -> dict:
         """`%dist push NAME ...`: send these names (values, functions, modules) to every engine now."""
@@ -263,9 +283,11 @@ class Session:
         cluster.refresh(workers)
         self.sync_definitions(workers)
         items = [] if options.get("no_bring") else self.bring_plan(cell)  # a refusal comes before any work
+        first, rest = self._before_models(cell, strategy, items)
+        early = bring.send(first, cluster, workers) if first else None  # the classes the notebook's models use
         sent = self.sync_models(cell, workers)
         run = runs.Run(strategy=strategy.name, options=dict(options), workers=workers, cell=cell,
-                       cell_id=self.current_cell_id, sent=sent)
+                       cell_id=self.current_cell_id, sent={**sent, **({"brought": early} if early else {})})
         self.runs.append(run)
         self.changed("run")
         progress = on_progress(run) if on_progress else None
@@ -279,7 +301,7 @@ class Session:
         def train():
             try:
                 runs.execute(run, cluster, strategy, on_progress=tick,
-                             before_submit=lambda: self._bring(run, strategy, items),
+                             before_submit=lambda: self._bring(run, strategy, rest),
                              prepare_newcomer=lambda eid, rank, size: self._prepare_newcomer(
                                  run, strategy, items, eid, (rank, size)))
             finally:

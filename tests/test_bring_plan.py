@@ -57,8 +57,9 @@ def test_the_plan_brings_imports_values_then_code_with_what_it_uses_first():
 def test_a_generator_travels_as_the_statement_that_made_it_made_again_every_run():
     cells = [(7, "n = 3\nstream = (i for i in range(n))\nprint(next(iter([1])))")]
     items = plan("next(stream)", {"stream": (i for i in range(3)), "n": 3}, cells, skip=set())
+    # what it reads that can be sent goes as a value, first
     assert [(i.name, i.kind, i.cell, i.source, i.fresh) for i in items] == [
-        ("stream", "code", 7, "n = 3\nstream = (i for i in range(n))\n", True)]
+        ("n", "value", 7, None, False), ("stream", "code", 7, "stream = (i for i in range(n))\n", True)]
 
 
 def test_a_tf_data_pipeline_travels_as_its_cells_statements_with_what_they_read_brought_first(tmp_path):
@@ -72,11 +73,29 @@ def test_a_tf_data_pipeline_travels_as_its_cells_statements_with_what_they_read_
              (5, f"train = raw.shuffle(2)\ntrain = train.batch(2)\nopen({str(tmp_path)!r})")]
     namespace = {"tf": tf, "np": np, "texts": texts, "labels": labels, "raw": raw, "train": train}
     items = plan("model.fit(train, epochs=1)", namespace, cells, skip={"model"})
+    # the pipeline is made by the statements of two cells (raw cannot be sent either), after what they read
     assert [(i.name, i.kind, i.cell) for i in items] == [
-        ("tf", "import", 2), ("texts", "value", 3), ("labels", "value", 3), ("raw", "code", 4), ("train", "code", 5)]
-    assert items[3].source == "raw = tf.data.Dataset.from_tensor_slices((texts, labels))\n"
-    assert items[4].source == "train = raw.shuffle(2)\ntrain = train.batch(2)\n" and not items[4].fresh
-    assert items[4].paths == []  # the open() of a folder is not part of what makes `train`
+        ("tf", "import", 2), ("texts", "value", 3), ("labels", "value", 3), ("train", "code", 5)]
+    assert items[3].source == ("raw = tf.data.Dataset.from_tensor_slices((texts, labels))\n"
+                               "train = raw.shuffle(2)\ntrain = train.batch(2)\n") and not items[3].fresh
+    assert items[3].paths == []  # the open() of a folder is not part of what makes `train`
+
+
+def test_a_pipeline_rebound_from_itself_in_later_cells_and_a_layer_adapted_later_are_made_whole():
+    import keras
+    import tensorflow as tf
+
+    data = np.arange(8, dtype="float32")[:, None]
+    norm = keras.layers.Normalization()
+    norm.adapt(data)
+    ds = tf.data.Dataset.from_tensor_slices(data).batch(2).map(lambda v: norm(v))
+    cells = [(1, "norm = keras.layers.Normalization()"), (2, "ds = tf.data.Dataset.from_tensor_slices(data)"),
+             (3, "norm.adapt(data)\nds = ds.batch(2)"), (4, "ds = ds.map(lambda v: norm(v))\nds.take(1)")]
+    namespace = {"keras": keras, "tf": tf, "data": data, "norm": norm, "ds": ds}
+    items = plan("model.fit(ds)", namespace, cells, skip={"model", "keras", "tf"})
+    assert [(i.name, i.kind) for i in items] == [("data", "value"), ("norm", "value"), ("ds", "code")]
+    assert items[2].source == ("ds = tf.data.Dataset.from_tensor_slices(data)\nds = ds.batch(2)\n"
+                               "ds = ds.map(lambda v: norm(v))\nds.take(1)\n")
 
 
 def test_the_files_a_remade_pipeline_reads_are_named(tmp_path):

@@ -102,26 +102,45 @@ def last_binding(name: str, cells: list[tuple[int, str]]) -> tuple[int, str, str
     return None
 
 
-def making(name: str, python: str) -> tuple[str, list[str]] | None:
-    """The top-level statements of a cell that make `name`: those that bind or change it (`layer.adapt(...)`)
-    and, before them, those that bind or change what they read (a backward slice), as source to replay
-    elsewhere, with the names the slice reads from outside the cell; None when the cell does not bind it."""
-    try:
-        tree = ast.parse(python)
-    except SyntaxError:
-        return None
+def making(name: str, cells: list[tuple[int, str]], sendable=lambda name: True) -> tuple[str, list[str]] | None:
+    """The notebook's top-level statements that make `name`, as source to replay elsewhere: a backward slice
+    over `cells` ((index, python), oldest first) from the last statement that binds or changes it
+    (`layer.adapt(...)` in a later cell counts), through what those statements read that cannot be sent
+    (`sendable(name)` False: it is made by the slice too, `ds = ds.batch(32)` included), stopping at what can
+    be sent (those names are returned, in the order the slice reads them, to be brought as values first).
+    None when no cell binds `name`."""
+    statements = []
+    for _, python in cells:
+        try:
+            tree = ast.parse(python)
+        except SyntaxError:
+            continue
+        statements += [(python, statement) for statement in tree.body]
     wanted, chosen = {name}, []
-    for statement in reversed(tree.body):
+    for python, statement in reversed(statements):
         if not (_binds(statement) | _changes(statement)) & wanted:
             continue
-        chosen.append(statement)
-        wanted = (wanted - _binds(statement)) | set(_reads(statement))
-    if not any(name in _binds(s) for s in chosen):
+        chosen.append((python, statement))
+        wanted = (wanted - _binds(statement)) | {n for n in _reads(statement) if not sendable(n)}
+    if not any(name in _binds(s) for _, s in chosen):
         return None
-    lines = python.splitlines(True)
-    source = "".join("".join(lines[s.lineno - 1:s.end_lineno]) for s in reversed(chosen))
-    outside = [n for s in reversed(chosen) for n in _reads(s) if n in wanted]  # in the order the slice reads them
-    return source, [n for n in dict.fromkeys(outside) if n not in NOT_BROUGHT and not n.startswith("_")]
+    chosen.reverse()
+    source = "".join("".join(python.splitlines(True)[s.lineno - 1:s.end_lineno]).rstrip("\n") + "\n"
+                     for python, s in chosen)
+    made = {n for _, s in chosen for n in _binds(s)}
+    outside = [n for _, s in chosen for n in _reads(s) if n not in made or sendable(n)]
+    outside = [n for n in dict.fromkeys(outside) if n != name and not _bound_before_read(n, chosen)]
+    return source, [n for n in outside if n not in NOT_BROUGHT and not n.startswith("_")]
+
+
+def _bound_before_read(name: str, chosen) -> bool:
+    """Whether the slice binds `name` before any of its statements reads it (then it is the slice's own)."""
+    for _, statement in chosen:
+        if name in _reads(statement):
+            return False
+        if name in _binds(statement):
+            return True
+    return False
 
 
 def _binds(statement) -> set[str]:

@@ -37,14 +37,16 @@ class Item:
 
 
 def plan(python: str, namespace: dict, cells: list[tuple[int, str]], skip: set[str],
-         names: list[str] | None = None) -> list[Item]:
+         names: list[str] | None = None, also: list[str] = ()) -> list[Item]:
     """The items to bring for a cell (`python`), or for `names` (`%dist push`), in the order to run them:
     imports, values, then code with what it uses first.
 
     `cells`: the notebook's cells ((index, python), oldest first); `skip`: names the engines get
-    otherwise (marked definition cells, models synchronised by `model_sync`)."""
+    otherwise (marked definition cells, models synchronised by `model_sync`); `also`: names to bring besides
+    those the cell reads (the classes the notebook's models are made of)."""
     items: dict[str, Item | None] = {}
     code_order: list[str] = []
+    sendable = _sendable_in(namespace)
 
     def visit(name: str) -> None:
         if name in items or name in skip or name not in namespace:
@@ -61,7 +63,7 @@ def plan(python: str, namespace: dict, cells: list[tuple[int, str]], skip: set[s
                 visit(dependency)
             items[name] = Item(name, "code", source=found[2], cell=cell)
             code_order.append(name)
-        elif (made := _remade(name, value, found)) is not None:
+        elif (made := _remade(name, value, sendable, cells)) is not None:
             source, reads = made
             for dependency in reads:
                 visit(dependency)
@@ -72,18 +74,32 @@ def plan(python: str, namespace: dict, cells: list[tuple[int, str]], skip: set[s
             refuse_unsendable(name, value, cell, cells)
             items[name] = Item(name, "value", value=value, cell=cell)
 
-    for name in (names if names is not None else needed_names(python)):
+    for name in (names if names is not None else [*needed_names(python), *also]):
         visit(name)
     brought = [item for item in items.values() if item is not None]
     return ([i for i in brought if i.kind == "import"] + [i for i in brought if i.kind == "value"]
             + [items[n] for n in code_order])
 
 
-def _remade(name: str, value, found) -> tuple[str, list[str]] | None:
+def _remade(name: str, value, sendable, cells: list[tuple[int, str]]) -> tuple[str, list[str]] | None:
     """The statements that made an unsendable value, when the engines can make their own (not an open file)."""
-    if found is None or found[1] != "value" or isinstance(value, io.IOBase) or _unsendable(value) is None:
+    if isinstance(value, io.IOBase) or sendable(name):
         return None
-    return making(name, found[3])
+    return making(name, cells, sendable)
+
+
+def _sendable_in(namespace: dict):
+    """Whether a name of the notebook can be sent as a value (each answer worked out once)."""
+    known: dict[str, bool] = {}
+
+    def sendable(name: str) -> bool:
+        if name not in known:
+            value = namespace.get(name)
+            known[name] = name in namespace and (isinstance(value, ModuleType) or _defined_in_notebook(value)
+                                                 or _unsendable(value) is None)
+        return known[name]
+
+    return sendable
 
 
 def local_paths(source: str) -> list[str]:
@@ -137,9 +153,13 @@ def _unsendable(value) -> str | None:
     try:
         import cloudpickle
 
-        cloudpickle.dumps(value)
+        blob = cloudpickle.dumps(value)
     except Exception as exc:  # noqa: BLE001 - any reason pickling fails is the reason to give
         return f"it cannot be pickled ({type(exc).__name__}: {str(exc)[:120]})"
+    if getattr(value, "built", None) is True and "Layer" in {c.__name__ for c in type(value).__mro__} \
+            and getattr(cloudpickle.loads(blob), "built", True) is not True:
+        return ("its copy would lose what it was built or adapted to (a Keras layer, such as FeatureSpace, "
+                "that pickles unbuilt)")
     return None
 
 

@@ -32,24 +32,25 @@ def digest_of(value) -> tuple[str, bytes | None]:
 
 
 def send(items: list[Item], cluster, workers: list[int], shard_names: set[str] = frozenset(),
-         positions: dict[int, tuple[int, int]] | None = None) -> dict:
+         positions: dict[int, tuple[int, int]] | None = None, digests: dict | None = None) -> dict:
     """Bring `items` to `workers` (in rank order); `shard_names`: arrays each rank gets only its shard of;
-    `positions`: engine -> (rank, size) where not its place in `workers` (an engine joining a running run).
-    Returns {"names": [...], "data_bytes": n, "sharded": [...]}, what was actually sent."""
+    `positions`: engine -> (rank, size) where not its place in `workers` (an engine joining a running run);
+    `digests`: the values an earlier part of the same plan sent (statements that remake a value from them run
+    again when they changed). Returns {"names": [...], "data_bytes": n, "sharded": [...], "digests": {...}},
+    what was actually sent and the digest of every value of the plan so far."""
     positions = positions or {eid: (rank, len(workers)) for rank, eid in enumerate(workers)}
     client = cluster.client
-    sent = {"names": [], "data_bytes": 0, "sharded": []}
+    sent = {"names": [], "data_bytes": 0, "sharded": [], "digests": dict(digests or {})}
     imports = [i for i in items if i.kind == "import"]
     values = [i for i in items if i.kind == "value"]
     code = [i for i in items if i.kind == "code"]
     _refuse_unseen_files(code, cluster, workers)
     _replay(imports, cluster, workers, sent)
-    digests = {}
     if values:
         have = _gather(cluster, {eid: client[eid].apply_async(namespace.value_digests) for eid in workers})
         for item in values:
-            digests[item.name] = _send_value(item, cluster, positions, have, item.name in shard_names, sent)
-    _replay(code, cluster, workers, sent, digests)
+            sent["digests"][item.name] = _send_value(item, cluster, positions, have, item.name in shard_names, sent)
+    _replay(code, cluster, workers, sent, sent["digests"])
     return sent
 
 

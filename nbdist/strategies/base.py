@@ -138,6 +138,18 @@ class Worker:
 
         return ControlPoint(self.spec["control"])
 
+    def refuse_other_optimizers(self, request) -> None:
+        """This strategy updates the model through `model.optimizer` alone: a model whose own `train_step`
+        applies optimizers of its own (a GAN's two) is refused by name, before it trains, with what to use."""
+        from ..keras_bridge import other_optimizers
+
+        others = sorted(other_optimizers(request.model))
+        if others:
+            raise OptionError(f"--strategy {self.spec['strategy']} updates the model through model.optimizer "
+                              f"alone; this model's train_step also applies {', '.join(others)} (optimizers of "
+                              "its own), which it cannot. Train it with --strategy hfdt (every optimizer's "
+                              "gradients averaged across ranks) or local.")
+
     def user_callbacks(self, request) -> list:
         """The cell's callbacks this rank runs: all on rank 0, the file writers nowhere else
         (see `nbdist.callbacks`); what changed for this rank is undone when their state is collected."""

@@ -15,7 +15,7 @@ from .. import balance, gpus
 from ..errors import ClusterError
 from ..fused_steps import fused_steps
 from ..hetero import Slowdown
-from ..keras_bridge import apply_gradients_restored, build_for_training
+from ..keras_bridge import apply_gradients_restored, build_for_training, other_optimizers
 from ..limits import LIMITS
 from ..netroute import interface_towards
 from ..sharding import shard_fit_data
@@ -40,7 +40,7 @@ class HfdtWorker(Worker):
     def fit(self, request):
         model, optimizer = request.model, request.model.optimizer
         control = self.control_point()
-        hvd = None
+        hvd = survivor = None
         try:
             data = shard_fit_data(request, *(self.config.get("shard") or (self.rank, self.size)), synchronous=True)
             build_for_training(model, data["x"])
@@ -60,6 +60,9 @@ class HfdtWorker(Worker):
             with apply_gradients_restored(model):
                 optimizer.apply_gradients = ops.allreduced(hvd, optimizer.apply_gradients, self.values["compression"],
                                                            control, weight)
+                for attr, other in other_optimizers(model).items():  # a train_step of the cell's own applies them
+                    other.apply_gradients = ops.allreduced(hvd, other.apply_gradients, self.values["compression"],
+                                                           control, weight, name=f"nbdist_gradients_{attr}")
                 model.jit_compile = False  # XLA cannot compile Horovod's ops
                 user = self.user_callbacks(request)
                 restored = [ops.rank0_restore(hvd, model)] if joined is None and any(
@@ -85,6 +88,8 @@ class HfdtWorker(Worker):
                 return history
         finally:
             control.close()
+            if survivor is not None and survivor.watch is not None:
+                survivor.watch.stop()  # an interrupted fit ends before on_train_end would stop it
             if hvd is not None:
                 hvd.shutdown()
 

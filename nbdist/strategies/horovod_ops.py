@@ -16,7 +16,8 @@ def broadcast_from_rank0(hvd, variables) -> None:
         variable.assign(hvd.broadcast(tf.convert_to_tensor(variable), root_rank=0, name=f"nbdist_init_{i}"))
 
 
-def allreduced(hvd, apply_gradients, compression: str | None, control=None, weight: float = 1.0):
+def allreduced(hvd, apply_gradients, compression: str | None, control=None, weight: float = 1.0,
+               name: str = "nbdist_gradients"):
     """`optimizer.apply_gradients` that first averages the gradients over all ranks (one fused group);
     `weight` multiplies this rank's gradients first (`hfdt --balance auto`: N b_rank / B).
 
@@ -37,7 +38,7 @@ def allreduced(hvd, apply_gradients, compression: str | None, control=None, weig
             dense.append(tf.numpy_function(control.flags, [], tf.float32, stateful=True, name="nbdist_flags"))
         # A fixed name: Horovod matches tensors across ranks by name, and the default (from
         # layer names such as dense_3) differs on an engine that built other models before.
-        reduced = (hvd.grouped_allreduce(dense, op=hvd.Average, compression=compressor, name="nbdist_gradients")
+        reduced = (hvd.grouped_allreduce(dense, op=hvd.Average, compression=compressor, name=name)
                    if dense else [])
         if control is not None:
             tf.numpy_function(control.act, [reduced.pop()], tf.float32, stateful=True, name="nbdist_act")

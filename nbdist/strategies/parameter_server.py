@@ -57,6 +57,7 @@ class PsWorker(Worker):
 
     def fit(self, request):
         model, optimizer = request.model, request.model.optimizer
+        self.refuse_other_optimizers(request)
         spec = self.optimizer_spec(optimizer)  # refuse an optimizer the PS cannot apply, before any work
         data = self.fit_data(request)
         build_for_training(model, data["x"])

@@ -61,6 +61,7 @@ class PipelineWorker(Worker):
 
     def fit(self, request):
         model = request.model
+        self.refuse_other_optimizers(request)
         if getattr(model, "_nbdist_released", False):
             raise OptionError("under --strategy pipeline a training cell fits a model once: this engine gave the other "
                               "stages' variables back after the first fit. Put the second fit in the next cell.")

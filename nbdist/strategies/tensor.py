@@ -31,6 +31,7 @@ class TensorWorker(HfdtWorker):
     """One engine's share of every split layer; the cell's `fit` on it, the whole model gathered at the end."""
 
     def fit(self, request):
+        self.refuse_other_optimizers(request)
         hvd = self._init_horovod()
         model = request.model
         try:

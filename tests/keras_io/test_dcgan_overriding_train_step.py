@@ -196,9 +196,10 @@ gan.fit(
 OUTCOMES = {
     "local": Trains(),
     "hfdt": Trains(),
-    "nfdt": Refused("optimizer"),  # two optimizers stepped by the cell's own train_step: the PS applies one
-    "pipeline": Refused("reads the training data as arrays"),
-    "tensor": Refused("keras.Sequential"),
+    # two optimizers stepped by the cell's own train_step: only hfdt averages every optimizer's gradients
+    "nfdt": Refused("also applies d_optimizer, g_optimizer (optimizers of its own)"),
+    "pipeline": Refused("also applies d_optimizer, g_optimizer (optimizers of its own)"),
+    "tensor": Refused("also applies d_optimizer, g_optimizer (optimizers of its own)"),
 }
 MODEL = "gan"
 
