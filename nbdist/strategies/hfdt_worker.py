@@ -58,12 +58,7 @@ class HfdtWorker(Worker):
                 data = self._balanced_data(hvd, request, batches)
             weight = balance.gradient_weight(batches, hvd.rank())
             with apply_gradients_restored(model):
-                optimizer.apply_gradients = ops.allreduced(hvd, optimizer.apply_gradients, self.values["compression"],
-                                                           control, weight)
-                for attr, other in other_optimizers(model).items():  # a train_step of the cell's own applies them
-                    other.apply_gradients = ops.allreduced(hvd, other.apply_gradients, self.values["compression"],
-                                                           control, weight, name=f"nbdist_gradients_{attr}")
-                model.jit_compile = False  # XLA cannot compile Horovod's ops
+                self._allreduce_every_optimizer(hvd, model, control, weight)
                 user = self.user_callbacks(request)
                 restored = [ops.rank0_restore(hvd, model)] if joined is None and any(
                     type(c).__name__ == "BackupAndRestore" for c in user) else []  # a newcomer took rank 0's state
@@ -92,6 +87,17 @@ class HfdtWorker(Worker):
                 survivor.watch.stop()  # an interrupted fit ends before on_train_end would stop it
             if hvd is not None:
                 hvd.shutdown()
+
+    def _allreduce_every_optimizer(self, hvd, model, control, weight: float) -> None:
+        """Every optimizer the model applies averages its gradients over the ranks first: `model.optimizer`
+        (carrying the run's controls), and those a `train_step` of the cell's own applies (a GAN's two)."""
+        compression = self.values["compression"]
+        model.optimizer.apply_gradients = ops.allreduced(hvd, model.optimizer.apply_gradients, compression,
+                                                         control, weight)
+        for attr, other in other_optimizers(model).items():
+            other.apply_gradients = ops.allreduced(hvd, other.apply_gradients, compression, control, weight,
+                                                   name=f"nbdist_gradients_{attr}")
+        model.jit_compile = False  # XLA cannot compile Horovod's ops
 
     def _reporter(self, hvd, model, step, batches: list[int]):
         """The metrics callback at this rank's batch (its time, on the virtual clock, the run's start plus the
