@@ -36,6 +36,7 @@ class ProgressReporter(keras.callbacks.Callback):
         self.first_step_t: float | None = None
         self.host = socket.gethostname()
         self.steps = 0
+        self.expected_steps = None  # steps an epoch is expected to take where Keras cannot know (batches on demand)
         self._samples = 0
         self._epoch = 0
         self._in_epoch = 0  # steps of this epoch counted
@@ -68,7 +69,7 @@ class ProgressReporter(keras.callbacks.Callback):
             self._emit(self.clock(), logs, batch + 1)
 
     def on_epoch_end(self, epoch, logs=None):
-        self._emit(self.clock(), logs, self.params.get("steps"), epoch_end=True)
+        self._emit(self.clock(), logs, self._in_epoch, epoch_end=True)
 
     def _emit(self, now, logs, batch_in_epoch, epoch_end=False):
         logs = logs or {}
@@ -84,7 +85,8 @@ class ProgressReporter(keras.callbacks.Callback):
         self.records.append(record)
         if self.publish is not None:
             self.publish({"record": record, "batch_size": self._batch(), "epochs": self.params.get("epochs"),
-                          "steps": self.params.get("steps"), "batch": batch_in_epoch, "epoch_end": epoch_end,
+                          "steps": self.params.get("steps") or self.expected_steps, "batch": batch_in_epoch,
+                          "epoch_end": epoch_end,
                           "logs": {k: _float(v) for k, v in logs.items()}})
 
 

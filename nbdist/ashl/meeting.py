@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import time
 
-from ..ps.shard import LOG_FIELDS, ShardExtension
+from ..ps.extension import ShardExtension
+from ..ps.shard import LOG_FIELDS
 
 SPEC = "nbdist.ashl.meeting:AshlMeeting"  # how a shard's config names this extension
 

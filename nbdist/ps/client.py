@@ -145,6 +145,11 @@ class PsClient:
             for socket in sockets:
                 socket.close(linger=0)
 
+    @property
+    def aborted(self) -> bool:
+        """Whether `abort` was called (the fit that uses this client ended)."""
+        return self._aborted.is_set()
+
     def abort(self) -> None:
         """Make a request waiting in another thread give up (within 250 ms) and every later one fail."""
         self._aborted.set()

@@ -32,3 +32,4 @@ def apply_control(shard, action: str, value) -> None:
         if value not in shard.workers:
             raise wire.Rejected("unknown_worker", f"cannot evict worker {value!r}")
         shard.workers[value].evicted = True
+        shard.requeue(value)  # the batches it held are trained by the others

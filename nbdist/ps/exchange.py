@@ -53,6 +53,7 @@ class PushPull:
         self.current: list[np.ndarray] = []  # the weights last received
         self.virtual = None  # a VirtualClock on the virtual clock (nothing sleeps then)
         self.pulled: dict = {}  # the header of the last pull's first reply (the run's step cost, on the virtual clock)
+        self.on_answer = None  # called with shard 0's header of every answer to a push (--data dynamic)
         self._flight: ThreadPoolExecutor | None = None  # overlap: the one thread exchanges run in
         self._in_flight = None  # overlap: the future of the exchange not yet taken up, -> (weights, versions)
         self._computed_on: list[int] = []  # overlap: the versions of the weights the model computes on now
@@ -192,6 +193,8 @@ class PushPull:
         return self._answered(replies)
 
     def _answered(self, replies) -> list[np.ndarray]:
+        if self.on_answer is not None:
+            self.on_answer(replies[0].header)
         self.non_finite = 0
         self.staleness = max(r.header.get("staleness", 0) for r in replies)
         gammas = [r.header["gamma"] for r in replies if r.header.get("gamma") is not None]
@@ -202,6 +205,8 @@ class PushPull:
     def _skip_non_finite(self, refusal) -> list[np.ndarray]:
         """A NaN / inf gradient is not applied; the step continues from the PS's current weights."""
         self.non_finite += 1
+        if self.on_answer is not None:
+            self.on_answer({})  # its batch was trained (into NaN): the worker goes on to the next
         if self.non_finite >= MAX_NON_FINITE_IN_A_ROW:
             raise FloatingPointError(
                 f"{self.non_finite} gradients in a row held NaN or inf ({refusal}); the PS applied none of them "

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import wire
 
-HELD_KINDS = ("pull", "push", "done", "epoch")  # answered when their condition holds
+HELD_KINDS = ("pull", "push", "done", "epoch", "batch")  # answered when their condition holds
 
 
 def _heartbeat(shard, ident, worker, message):
@@ -25,7 +25,12 @@ def _init(shard, ident, worker, message):
 
 
 def _push(shard, ident, worker, message):
-    shard.check_push(message)
+    try:
+        shard.check_push(message)
+    except wire.Rejected as exc:
+        if exc.reason == "non_finite" and shard.dealer is not None:
+            shard.dealer.pushed(worker)  # its batch was trained (into NaN): the worker goes on to the next
+        raise
     if shard.clock == "virtual" and not all(isinstance(message.header.get(k), (int, float)) for k in ("vt", "gap")):
         raise wire.Rejected("malformed", "a push on the virtual clock carries its arrival time vt and gap")
     shard.policy.note_push(shard, worker, message)
@@ -40,6 +45,8 @@ def _probe(shard, ident, worker, message):
 
 def _pull(shard, ident, worker, message):
     """The start of a (next) fit call."""
+    if shard.finalized and shard.dealer is not None:  # the first pull of a later fit: its epochs are dealt anew
+        shard.dealer.new_fit()
     shard.workers[worker].done = False
     shard.finalized = False
     if shard.finishing_reason == "laggards":
@@ -51,6 +58,14 @@ def _done(shard, ident, worker, message):
     shard.workers[worker].done = True
     if shard.extension is not None:
         shard.extension.on_done(shard)
+    return []
+
+
+def _batch(shard, ident, worker, message):
+    """A worker asks for batches (`--data dynamic`): the first of an epoch, or more when it has none."""
+    if shard.dealer is None:
+        raise wire.Rejected("malformed", "this run deals no batches (its data is sharded statically)")
+    shard.dealer.note(worker, message.header)
     return []
 
 
@@ -106,5 +121,5 @@ def _stop(shard, ident, worker, message):
 
 
 HANDLERS = {"heartbeat": _heartbeat, "init": _init, "push": _push, "probe": _probe, "pull": _pull, "done": _done,
-            "epoch": _epoch, "learning_rate": _learning_rate, "state": _state, "stats": _stats, "control": _control,
+            "epoch": _epoch, "batch": _batch, "learning_rate": _learning_rate, "state": _state, "stats": _stats, "control": _control,
             "restore": _restore, "stop": _stop, "admit": _admit, "drop": _drop}

@@ -16,7 +16,7 @@ from collections import deque
 from pathlib import Path
 
 LOG_FIELDS = ("t", "worker", "step", "version", "staleness", "outcome", "lead", "gamma", "momentum", "comp_norm",
-              "lr")
+              "lr", "batch")  # batch: [epoch, start, count] of the positions it trained (--data dynamic), else None
 WINDOW = 20_000  # entries kept in memory: well over what the kernel's telemetry reads between two polls
 FLUSH_EVERY_S = 1.0  # the file is at most this far behind the window
 

@@ -98,7 +98,7 @@ class BoundedStaleness(ReleasePolicy):
         if self.bound is None:
             return shard.apply_push(ident, worker, message)
         pushed = shard.workers[worker].pushed
-        others = [shard.workers[k].pushed for k in shard.live() if k != worker]
+        others = [shard.workers[k].pushed for k in shard.pushing() if k != worker]
         if others and pushed + 1 - min(others) > max(self.bound, 1):
             return None
         replies = shard.apply_push(ident, worker, message)
@@ -137,8 +137,9 @@ class SynchronousRounds(ReleasePolicy):
     def try_push(self, shard, ident, worker, message):
         if worker in self.round:
             return None  # a worker that pushes more often than the round's pace waits for the next round
-        shard.workers[worker].pushed += 1
-        self.round[worker] = (ident, message.header.get("step"), message.arrays, message.header.get("batch") or 1)
+        trained = shard.count_push(worker)
+        self.round[worker] = (ident, message.header.get("step"), message.arrays, message.header.get("batch") or 1,
+                              trained)
         self.arrived[worker] = time.time()
         return self.complete_round(shard)
 
@@ -146,14 +147,14 @@ class SynchronousRounds(ReleasePolicy):
         if not self.round or any(k not in self.round for k in shard.pacers()):
             return []
         entries, self.round = dict(sorted(self.round.items())), {}  # by rank: the same sum and log every run
-        total = shard.round_total([batch for _, _, _, batch in entries.values()])
-        mean = {name: sum(grads[name].astype(np.float64) * (batch / total) for _, _, grads, batch in entries.values())
+        total = shard.round_total([batch for _, _, _, batch, _ in entries.values()])
+        mean = {name: sum(grads[name].astype(np.float64) * (batch / total) for _, _, grads, batch, _ in entries.values())
                 .astype(shard.variables[name].dtype) for name in shard.variables}
         info = shard.update(mean, -1, 0)
         replies, now = [], time.time()
         clock = {} if vt is None else {"vt": vt}
-        for worker, (ident, step, _, _) in entries.items():
-            shard.log_push(worker, step, 0, info, t=vt)
+        for worker, (ident, step, _, _, trained) in entries.items():
+            shard.log_push(worker, step, 0, info, t=vt, batch=trained)
             shard.counts["acked"] += 1
             held_s = round(now - self.arrived.pop(worker, now), 6)
             if shard.workers[worker].alive:

@@ -9,7 +9,6 @@ is answered with ``rejected``, counted and logged, and never applied.
 
 from __future__ import annotations
 
-import importlib
 import sys
 import time
 from collections import Counter
@@ -21,6 +20,8 @@ from ..limits import LIMITS
 from ..optimizer_state import ITERATIONS
 from . import rules, wire
 from .compression import decode_push
+from .dealer import Dealer
+from .extension import load_extension
 from .handlers import HANDLERS, HELD_KINDS
 from .push_log import LOG_FIELDS, WINDOW, PushLog
 from .release import SynchronousRounds
@@ -28,7 +29,7 @@ from .updaters import CommitUpdater, make_updater
 from .virtual_time import policy_for
 from .zero_copy import SharedArrays
 
-NEEDS_MODEL = ("push", "pull", "probe", "epoch", "done", "learning_rate", "report", "turn", "profile")
+NEEDS_MODEL = ("push", "pull", "probe", "epoch", "done", "learning_rate", "report", "turn", "profile", "batch")
 CONTROLLER = "controller"
 CONTROLLER_KINDS = {"state", "stats", "restore", "stop", "heartbeat", "control", "admit", "drop"}
 
@@ -42,57 +43,6 @@ class WorkerState:
     evicted: bool = False
     died_at: float | None = None
     first_epoch: int = 0  # a newcomer's first epoch: the epoch barriers before it do not wait for it
-
-
-class ShardExtension:
-    """What a strategy adds to a shard: message kinds, controls, and hooks on pushes and rounds."""
-
-    kinds: tuple[str, ...] = ()  # answered by `handle` at once
-    held_kinds: tuple[str, ...] = ()  # held until `ready` answers
-    controls: tuple[str, ...] = ()
-
-    def handle(self, shard, worker: int, message) -> dict | None:
-        """Record a message of one of `kinds` / `held_kinds`; for `kinds`, the reply's fields."""
-
-    def ready(self, shard, worker: int, message) -> dict | None:
-        """A held message's reply fields, once it can be answered."""
-
-    def control(self, shard, action: str, value) -> None:
-        """Apply one of `controls`."""
-
-    def push_scale(self, batch) -> float:
-        return 1.0
-
-    def pacers(self, shard, live: list[int]) -> list[int]:
-        return live
-
-    def round_total(self, shard, batches: list[int]) -> int:
-        """What a synchronous round's batch-weighted mean divides by: the batches in the round."""
-        return sum(batches)
-
-    def on_done(self, shard) -> None:
-        """A worker ended its fit."""
-
-    def epoch_closes(self, shard, epoch: int, logs: dict) -> bool:
-        """Whether the epoch barrier may release now (every live worker posted `logs`, their mean)."""
-        return True
-
-    def reply_fields(self, shard) -> dict:
-        """Fields every weights reply to a worker carries."""
-        return {}
-
-    def summary(self) -> dict | None:
-        return None
-
-
-def load_extension(spec: dict | None) -> ShardExtension | None:
-    """The extension a shard's config names: {"class": "nbdist.<module>:<Class>", "config": {...}}."""
-    if not spec:
-        return None
-    module, _, name = spec["class"].partition(":")
-    if not module.startswith("nbdist."):  # the config comes from the kernel; still, only nbdist's own code
-        raise ValueError(f"shard extension {spec['class']!r} is not part of nbdist")
-    return getattr(importlib.import_module(module), name)(spec.get("config") or {})
 
 
 class Shard:
@@ -112,6 +62,8 @@ class Shard:
         self.heartbeat_timeout_s: float = config.get("heartbeat_timeout_s", LIMITS.shard_worker_silence_s)
         self.max_bytes: int = config.get("max_bytes", wire.DEFAULT_MAX_BYTES)
         self.extension = load_extension(config.get("extension"))
+        # --data dynamic: shard 0 deals the batches (every worker talks to it)
+        self.dealer = Dealer(config["data"]) if config.get("data") and self.index == 0 else None
         self.workers = {k: WorkerState() for k in range(config["workers"])}
         if self.incarnation:  # restarted: a worker that finished its fit before the crash says nothing more
             for worker in self.workers.values():
@@ -154,9 +106,17 @@ class Shard:
     def live(self) -> list[int]:
         return [k for k, w in self.workers.items() if w.alive and not w.done and not w.evicted]
 
+    def awaiting_batch(self, worker: int) -> bool:
+        """Whether `worker` waits for a batch (`--data dynamic`): it pushes nothing until it gets one."""
+        return self.dealer is not None and self.dealer.awaiting(worker)
+
+    def pushing(self) -> list[int]:
+        """The live workers that may still push before they hear from the shard (not waiting for a batch)."""
+        return [k for k in self.live() if not self.awaiting_batch(k)]
+
     def pacers(self) -> list[int]:
         """The live workers a synchronous round waits for (one at an epoch's end pushes nothing more)."""
-        live = [k for k in self.live() if k not in self.at_barrier]
+        live = [k for k in self.pushing() if k not in self.at_barrier]
         return self.extension.pacers(self, live) if self.extension is not None else live
 
     def round_total(self, batches: list[int]) -> int:
@@ -164,11 +124,11 @@ class Shard:
         return self.extension.round_total(self, batches) if self.extension is not None else sum(batches)
 
     def slowest(self) -> int | None:
-        counts = [self.workers[k].pushed for k in self.live()]
+        counts = [self.workers[k].pushed for k in self.pushing()]
         return min(counts) if counts else None
 
     def lead(self) -> int:
-        counts = [self.workers[k].pushed for k in self.live()]
+        counts = [self.workers[k].pushed for k in self.pushing()]
         return max(counts) - min(counts) if counts else 0
 
     def expected(self) -> dict:
@@ -252,6 +212,9 @@ class Shard:
             return None if agreed is None else [(ident, "ok", None, agreed)]
         if kind == "push":
             return self.policy.try_push(self, ident, worker, message)
+        if kind == "batch":
+            fields = self.dealer.answer(self, worker)
+            return None if fields is None else [(ident, "ok", None, fields)]
         fields = self._extension_call(self.extension.ready, worker, message)
         return None if fields is None else [(ident, "ok", None, fields)]
 
@@ -286,7 +249,7 @@ class Shard:
     def apply_push(self, ident: bytes, worker: int, message: wire.Message, t: float | None = None, **fields) -> list:
         """Apply one worker's push now (the release policy said so); its reply (with `fields`). `t`: the
         push log's time (the virtual instant, on the virtual clock)."""
-        self.workers[worker].pushed += 1
+        batch = self.count_push(worker)
         # after a restart from a checkpoint a push may come from weights newer than the shard's: as stale by the gap
         staleness = abs(self.version - message.header["version"])
         grads = message.arrays
@@ -294,9 +257,15 @@ class Shard:
         if scale != 1.0:
             grads = {name: g * np.asarray(scale, g.dtype) for name, g in grads.items()}
         info = self.update(grads, worker, staleness)
-        self.log_push(worker, message.header.get("step"), staleness, info, t=t)
+        self.log_push(worker, message.header.get("step"), staleness, info, t=t, batch=batch)
         self.counts["acked"] += 1
         return [self.weights_reply(ident, worker, staleness=staleness, gamma=info["gamma"], **fields)]
+
+    def count_push(self, worker: int) -> list | None:
+        """One more push of `worker` taken (applied, dropped by the rule, or in a round); the batch it trained
+        on is done: [epoch, start, count] (`--data dynamic` on shard 0), else None."""
+        self.workers[worker].pushed += 1
+        return self.dealer.pushed(worker) if self.dealer is not None else None
 
     def update(self, grads: dict, worker: int, staleness: int) -> dict:
         """One update of the shard's variables by the updater; what it did (DESIGN.md section 8 fields)."""
@@ -311,6 +280,8 @@ class Shard:
         """The current weights for `worker` (what it computes on next), with the shard's version."""
         self.updater.sent(worker, self.variables)
         extra = self.extension.reply_fields(self) if self.extension is not None else {}
+        if self.dealer is not None:  # the batches dealt to it since its last reply
+            extra = {**extra, **self.dealer.deliver(worker)}
         self.shared.hold(self.variables.values())  # until sent: an update before then works on a copy
         return (ident, "weights", dict(self.variables),
                 {"version": self.version, "stop": self.finishing if stop is None else stop, **extra, **fields})
@@ -376,6 +347,8 @@ class Shard:
         if not isinstance(worker, int) or worker in self.workers or not isinstance(epochs, int):
             raise wire.Rejected("malformed", "an admit names a new worker id and the fit's epochs")
         first = max(self.epoch_logs, default=-1) + 1
+        if self.dealer is not None and self.dealer.first_epoch() is not None:  # batches of the open epoch are left
+            first = self.dealer.first_epoch()
         if self.fits_ended or not self.initialised or not self.live():
             return {"admitted": False, "reason": "the run's first fit has ended"}
         if first >= epochs:
@@ -391,8 +364,13 @@ class Shard:
             raise wire.Rejected("malformed", f"drop of unknown worker {worker!r}")
         if state.alive:
             state.alive, state.died_at = False, time.time()
-            self.record("worker_dropped", t=state.died_at, worker=worker, pushed=state.pushed, silent_s=None)
+            self.record("worker_dropped", t=state.died_at, worker=worker, pushed=state.pushed, silent_s=None,
+                        **self.requeue(worker))
         return self.policy.complete_round(self) + self.release()
+
+    def requeue(self, worker: int) -> dict:
+        """A worker that goes leaves the batches it held to the others (`--data dynamic`): how many samples."""
+        return {} if self.dealer is None else {"requeued": self.dealer.lost(worker)}
 
     # -- controls, log, health ---------------------------------------------------------
     def record(self, kind: str, t: float | None = None, **fields) -> None:
@@ -418,10 +396,10 @@ class Shard:
                 "synchronous": self.synchronous, "evicted": [k for k, w in self.workers.items() if w.evicted],
                 "held": len(self.waiting)}  # requests held (paused, a barrier, a bound): their workers wait
 
-    def log_push(self, worker, step, staleness, info: dict, t: float | None = None) -> None:
+    def log_push(self, worker, step, staleness, info: dict, t: float | None = None, batch=None) -> None:
         self.log.append([round(time.time() if t is None else t, 6), worker, step, self.version, staleness,
                          info["outcome"], self.lead(), info.get("gamma"), info.get("momentum"), info.get("comp_norm"),
-                         info.get("lr")])
+                         info.get("lr"), batch])
 
     def reject(self, reason: str, detail: str, worker=None) -> None:
         self.counts["rejected"] += 1
@@ -437,7 +415,8 @@ class Shard:
         for k, w in self.workers.items():
             if w.alive and not w.done and w.last_seen is not None and now - w.last_seen > self.heartbeat_timeout_s:
                 w.alive, w.died_at, dropped = False, now, True
-                self.record("worker_dropped", t=now, worker=k, pushed=w.pushed, silent_s=round(now - w.last_seen, 2))
+                self.record("worker_dropped", t=now, worker=k, pushed=w.pushed, silent_s=round(now - w.last_seen, 2),
+                            **self.requeue(k))
                 print(f"nbdist-ps shard {self.index}: worker {k} silent for {now - w.last_seen:.1f} s, dropped",
                       file=sys.stderr, flush=True)
         if dropped or self.policy.waits_on_time():  # a drop, or a deadline (the start barrier's), frees held ones
@@ -449,6 +428,7 @@ class Shard:
                 "rule": self.rule, "synchronous": self.synchronous, "control": self.control_state(),
                 "rejections": dict(self.rejections), "layout": self.layout, "names": list(self.variables),
                 "coordination": self.extension.summary() if self.extension is not None else None,
+                "data": self.dealer.summary() if self.dealer is not None else None,
                 "optimizer": asdict(self.spec) if self.spec else None,
                 "workers": {k: {"pushed": w.pushed, "alive": w.alive, "done": w.done, "died_at": w.died_at}
                             for k, w in self.workers.items()}}

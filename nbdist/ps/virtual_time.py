@@ -41,8 +41,8 @@ class WorkerTimes:
 
     def may_come_before(self, shard, worker: int, t: float, rank: int) -> bool:
         """Whether `worker` (no push waiting) could still deliver one before (t, rank)."""
-        if worker in shard.at_barrier or worker in self.latecomers:
-            return False  # at an epoch's end: its next push follows the barrier, after every pending one
+        if worker in shard.at_barrier or worker in self.latecomers or shard.awaiting_batch(worker):
+            return False  # at an epoch's end (or waiting for a batch): its next push follows, after every pending one
         earliest = self.earliest_possible(worker)
         if earliest is None:
             if self.first_push is not None and time.time() - self.first_push > LIMITS.start_barrier_s:
@@ -81,7 +81,7 @@ class VirtualOrder(BoundedStaleness):
     def _blocked(self, shard, worker: int) -> bool:
         if self.bound is None:
             return False
-        others = [shard.workers[k].pushed for k in shard.live() if k != worker]
+        others = [shard.workers[k].pushed for k in shard.pushing() if k != worker]
         return bool(others) and shard.workers[worker].pushed + 1 - min(others) > max(self.bound, 1)
 
     def _effective(self, shard, vt: float, worker: int) -> float | None:

@@ -52,7 +52,7 @@ class DcAsgdStrategy(DelayCompensatedStrategy):
 
     name = preset = "dc-asgd"
     summary = "DC-ASGD with constant lambda (Zheng et al., 2017): g + lam*g*g*(w - w_bak)"
-    reads = (*opt.PARAMETER_SERVER, LAM, opt.OVERLAP, *opt.ELASTIC)
+    reads = (*opt.PARAMETER_SERVER, LAM, opt.OVERLAP, opt.DATA, *opt.ELASTIC)
 
 
 class DcAsgdAdaptiveStrategy(DelayCompensatedStrategy):
@@ -60,7 +60,7 @@ class DcAsgdAdaptiveStrategy(DelayCompensatedStrategy):
 
     name = preset = "dc-asgd-a"
     summary = "DC-ASGD with adaptive lambda lam0/sqrt(MS_k)"
-    reads = (*opt.PARAMETER_SERVER, opt.LAM0, opt.OVERLAP, *opt.ELASTIC)
+    reads = (*opt.PARAMETER_SERVER, opt.LAM0, opt.OVERLAP, opt.DATA, *opt.ELASTIC)
 
 
 class DcAsgdKStrategy(DelayCompensatedStrategy):
@@ -68,7 +68,7 @@ class DcAsgdKStrategy(DelayCompensatedStrategy):
 
     name = preset = "dc-asgdk"
     summary = "DC-ASGD-a with heavy-ball momentum reduced by the worker count K: max(0, mu - (1 - 1/K))"
-    reads = (*opt.PARAMETER_SERVER, opt.MOMENTUM, opt.LAM0, opt.OVERLAP, *opt.ELASTIC)
+    reads = (*opt.PARAMETER_SERVER, opt.MOMENTUM, opt.LAM0, opt.OVERLAP, opt.DATA, *opt.ELASTIC)
 
 
 class DdcAsgdStrategy(DelayCompensatedStrategy):
@@ -76,7 +76,7 @@ class DdcAsgdStrategy(DelayCompensatedStrategy):
 
     name = preset = "ddc-asgd"
     summary = "dynamic delay compensation: momentum and step scaled by each push's measured delay"
-    reads = (*opt.PARAMETER_SERVER, opt.MOMENTUM, *DDC_OPTIONS, opt.OVERLAP, *opt.ELASTIC)
+    reads = (*opt.PARAMETER_SERVER, opt.MOMENTUM, *DDC_OPTIONS, opt.OVERLAP, opt.DATA, *opt.ELASTIC)
 
 
 class SsgdStrategy(PsStrategy):
@@ -84,7 +84,8 @@ class SsgdStrategy(PsStrategy):
 
     name = "ssgd"
     summary = "synchronous SGD on the parameter server: one batch-weighted mean gradient per round"
-    reads = tuple(o for o in (*opt.PARAMETER_SERVER, opt.MOMENTUM) if o not in (opt.MAX_STALENESS, opt.DATA_SHARDS))
+    reads = (*(o for o in (*opt.PARAMETER_SERVER, opt.MOMENTUM) if o not in (opt.MAX_STALENESS, opt.DATA_SHARDS)),
+             opt.DATA)
     reports = Reports(panels=("loss", "throughput"), controls=("pause", "resume", "stop", "lr_scale", "evict"),
                       events=PS_EVENTS)
 

@@ -14,7 +14,7 @@ from ..rendezvous import Rendezvous, host_plan, require_horovod
 from .base import Option, Reports, Strategy
 from .hfdt_elastic import LEFT_KEY
 from .hfdt_worker import HfdtWorker
-from .options import ELASTIC, SIMULATE
+from .options import DATA, ELASTIC, SIMULATE, data_config
 from .stall_watch import missing_ranks, stalled
 
 COMPRESSION = Option("--compression", "gradient compression on the allreduce: none or fp16", default="none",
@@ -56,7 +56,7 @@ class HfdtStrategy(Strategy):
     name = "hfdt"
     summary = "synchronous data parallel, Horovod ring-allreduce over Gloo"
     reads = (COMPRESSION, SCALE_LR, WARMUP_EPOCHS, BALANCE, ON_FAILURE, MIN_WORKERS, *ELASTIC, STALL_TIMEOUT,
-             SIMULATE)
+             SIMULATE, DATA)
     reports = Reports(panels=("loss", "throughput"), controls=("pause", "resume", "stop"), events={
         "recovered": lambda e, run: (f"the survivors re-formed the Horovod job with {e['size']} rank(s) at step "
                                      f"{e['step']}, training again {e['recovery_s']:.1f} s after engine "
@@ -84,7 +84,7 @@ class HfdtStrategy(Strategy):
         self.reformed_after: dict[int, int] = {}  # job generation -> the dead engine it was re-formed after
 
     def array_shards(self) -> bool:
-        return self.value("balance") != "auto"
+        return self.value("balance") != "auto" and self.value("data") != "dynamic"  # dynamic: every rank any sample
 
     @property
     def elastic(self) -> bool:
@@ -103,7 +103,8 @@ class HfdtStrategy(Strategy):
         self.shards = {eid: rank for rank, eid in enumerate(run.workers)}
         self.first_size = len(run.workers)
         return {"address": self.address, "port": port, **self.clock_config(len(run.workers)),
-                "slots": [_slot(s) for s in slots], "elastic": self.elastic}
+                "slots": [_slot(s) for s in slots], "elastic": self.elastic,
+                "data": data_config(self, run, self.value("balance") != "auto")}
 
     @property
     def takes_newcomers(self) -> bool:

@@ -8,8 +8,10 @@ state, scales the learning rate for the new size and carries on in the same `fit
 callbacks and the progress line see one run. The survivors count the units of collectives they
 completed (train calls, epoch-end averagings); one may have completed the unit that failed on
 another, and the one behind then skips it instead of running it again, so every rank's next
-collective is the same. The batches a failed call had drawn are not trained on, and the dead
-rank's share of the data is not dealt out again: each survivor keeps its own shard.
+collective is the same. With batches on demand (`--data dynamic`) the survivors that run a failed unit again
+draw its samples again from the epoch's order, split over the new size (`schedule`), so none is lost; with
+static shards the batches a failed call had drawn are not trained on, and the dead rank's shard is not
+dealt out again: each survivor keeps its own.
 
 The job grows the same way, at an epoch's end: once every rank has seen the kernel announce a larger
 job (an engine joined the run, `nbdist.newcomers`), all leave for it together, and the newcomer,
@@ -59,12 +61,15 @@ class Survivor:
         self.abandoned = False
         self.traced = False  # the train step ran once in the current job (its first call traces it)
         self._train = self._guarded = None
+        self.schedule = None  # --data dynamic: the epoch's `SyncSchedule` (mark / rewind around a unit run again)
 
     def install(self) -> None:
         """Guard Keras' compiled train function (once `fit` has made it)."""
         self._train = self.model.train_function
 
         def train(iterator):
+            if self.schedule is not None:
+                self.schedule.mark()
             self.logs = self._survive(lambda: self._train(iterator), skipped=lambda: self.logs)
             return self.logs
 
@@ -110,6 +115,8 @@ class Survivor:
             return False
         done = self._enter(reform, {"failed_at": failed_at})
         again, self.done = self.done == done, done
+        if again and self.schedule is not None:  # its samples are drawn again, split over the new size
+            self.schedule.rewind()
         return again
 
     def grow(self, epoch: int, last: bool) -> None:

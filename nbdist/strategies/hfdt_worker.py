@@ -11,7 +11,7 @@ import math
 import os
 import sys
 
-from .. import balance, gpus
+from .. import balance, dynamic_data, gpus
 from ..errors import ClusterError
 from ..fused_steps import fused_steps
 from ..hetero import Slowdown
@@ -42,8 +42,9 @@ class HfdtWorker(Worker):
         control = self.control_point()
         hvd = survivor = None
         try:
-            data = shard_fit_data(request, *(self.config.get("shard") or (self.rank, self.size)), synchronous=True)
-            build_for_training(model, data["x"])
+            data = self._fit_data(request)
+            arrays = {"x": self.scheduled.arrays[0], "y": self.scheduled.arrays[1]} if self.scheduled else data
+            build_for_training(model, arrays["x"])
             hvd, joined = self._enter_job(model, control)
             if hvd is None:  # a newcomer the run ended (or re-formed after a death) before it could take it in
                 return request.run_plain(callbacks=[], verbose=0, **{**data, "epochs": 0})
@@ -51,7 +52,7 @@ class HfdtWorker(Worker):
                 data["initial_epoch"] = joined["initial_epoch"]
             self.size = hvd.size()
             batch = request.samples_per_step or 32
-            step = self._virtual_step_cost(hvd, model, data, batch)
+            step = self._virtual_step_cost(hvd, model, arrays, batch)
             batches = [batch] * self.size
             if self.values["balance"] == "auto":
                 batches = self._balance(hvd, model, data, batch, step)
@@ -66,20 +67,23 @@ class HfdtWorker(Worker):
                 scaling = self._lr_callbacks(optimizer)
                 averager = ops.epoch_log_averager(hvd, weight)
                 survivor = self._survivor(hvd, model, control, scaling, joined)
+                survivor.schedule = self.scheduled
                 grows = elastic(survivor)
                 survivor.guard(averager, "on_epoch_end")
                 survivor.guard(grows, "on_epoch_end")
                 callbacks = [averager, *scaling, grows, *self._simulation(per_step), *user, *restored,
-                             stop_when_stopped(control), reporter]
+                             stop_when_stopped(control), reporter, *self._scheduling()]
                 # every rank must decide alike: Horovod matches the allreduce by its op's name, which the
                 # loop of fused steps changes; so the cell's callbacks count on every rank, as does --simulate
                 deciding = [*callbacks, *(request.callbacks or [])]
                 with fused_steps(model, deciding, data.get("steps_per_epoch"), request.args.get("validation_steps"),
-                                 allowed=not self._simulated_anywhere()):
+                                 allowed=not self._simulated_anywhere()), dynamic_data.epochs_of_any_length():
                     history = request.run_plain(callbacks=callbacks, verbose=0, **data)
                 _files_closed(hvd, survivor)
                 if survivor.recoveries:
                     self.fit_timings["recoveries"] = survivor.recoveries
+                if self.scheduled is not None:
+                    self.fit_timings["batches"] = {str(e): b for e, b in self.scheduled.trained.items()}
                 return history
         finally:
             control.close()
@@ -87,6 +91,30 @@ class HfdtWorker(Worker):
                 survivor.watch.stop()  # an interrupted fit ends before on_train_end would stop it
             if hvd is not None:
                 hvd.shutdown()
+
+    def _fit_data(self, request) -> dict:
+        """`fit`'s arguments: under `--data dynamic` (arrays, no steps_per_epoch) every step's global batch is the
+        next of the epoch's order and this rank takes its slice of it (`self.scheduled`); else its shard."""
+        mode, self.scheduled = self.config.get("data") or {}, None
+        why = dynamic_data.applies(request) if mode.get("mode") == "dynamic" else None
+        if mode.get("mode") != "dynamic" or why is not None:
+            if why is not None:
+                self.fit_timings["data"] = f"static shards: {why}"
+            return shard_fit_data(request, *(self.config.get("shard") or (self.rank, self.size)), synchronous=True)
+        x, y, weights = dynamic_data.training_arrays(request)
+
+        def where():
+            import horovod.tensorflow as hvd
+
+            return hvd.rank(), hvd.size()
+
+        self.scheduled = dynamic_data.ScheduledBatches(len(dynamic_data.first_array(x)), int(request.batch_size or 32),
+                                                       mode["seed"], where, shuffle=request.shuffle is not False)
+        self.scheduled.arrays = (x, y)
+        return dynamic_data.fit_arguments((x, y, weights), self.scheduled, request, self.rank, self.size)
+
+    def _scheduling(self) -> list:
+        return [dynamic_data.epoch_follower(self.scheduled)] if self.scheduled is not None else []
 
     def _allreduce_every_optimizer(self, hvd, model, control, weight: float) -> None:
         """Every optimizer the model applies averages its gradients over the ranks first: `model.optimizer`
@@ -103,6 +131,8 @@ class HfdtWorker(Worker):
         """The metrics callback at this rank's batch (its time, on the virtual clock, the run's start plus the
         virtual steps made), and the bytes one step's allreduce sends."""
         reporter = self.make_reporter(batches[hvd.rank()])
+        if self.scheduled is not None:
+            reporter.expected_steps = self.scheduled.expected_steps(hvd.size())
         if step is not None:
             start, step_s = self.spec.get("cell_start") or 0.0, self._virtual_step_s(model, step, batches)
             reporter.clock = lambda: start + reporter.steps * step_s

@@ -41,7 +41,7 @@ class NfdtStrategy(PsStrategy):
 
     name = "nfdt"
     summary = "asynchronous data parallel through nbdist's parameter server (the user's optimizer)"
-    reads = (*PsStrategy.reads, opt.OVERLAP, *opt.ELASTIC)
+    reads = (*PsStrategy.reads, opt.OVERLAP, opt.DATA, *opt.ELASTIC)
 
     def finish(self, run) -> None:
         super().finish(run)

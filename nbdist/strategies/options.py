@@ -3,6 +3,8 @@ options only one strategy reads are declared in its own module)."""
 
 from __future__ import annotations
 
+import os
+
 from .base import Option
 
 SIMULATE = Option("--simulate", "make workers slower to study heterogeneity on one machine: 'speed=1,1,0.5,0.25; "
@@ -37,6 +39,12 @@ DATA_SHARDS = Option("--shards", "how the data is split over the workers: equal 
                      "worker's share in proportion to its --simulate speed, so a slow worker does not train alone "
                      "at the end of every epoch)", default="equal", choices=("equal", "speed"))
 
+DATA = Option("--data", "how the workers get their batches: dynamic (the default wherever the cell fits on numpy "
+              "arrays without steps_per_epoch: one order of the samples per epoch, each batch handed to whichever "
+              "worker is ready, so a fast worker trains more, a dead worker's batches are trained by the others and "
+              "every sample once an epoch) or static (each worker one fixed shard; a tf.data pipeline, a generator "
+              "or a PyDataset always is)", default="dynamic", choices=("dynamic", "static"))
+
 OVERLAP = Option("--overlap", "on: the next step computes while the push-pull is in flight, on weights one exchange "
                  "older (one more version of staleness, which the delay rules compensate); off: wait for each reply "
                  "(exact sequential SGD with one worker); auto (the default): on, except for the cell's own SGD "
@@ -53,3 +61,13 @@ RESTART_ENGINES = Option("--restart-engines", "on a cluster nbdist started: a wo
 ELASTIC = (MAX_WORKERS, RESTART_ENGINES)  # read by the strategies whose runs take engines in while they train
 PARAMETER_SERVER = (PS_SHARDS, PS_ON, MAX_STALENESS, CHECKPOINT_EVERY, CHECKPOINT_DIR, RESUME, PS_RESTARTS, SIMULATE,
                     DATA_SHARDS)
+
+
+def data_config(strategy, run, applies: bool = True) -> dict | None:
+    """`--data` as the workers apply it: {"mode": "dynamic", "seed": s} (every process computes each epoch's
+    order from the run's --seed, or one drawn here), or None for static shards."""
+    if not applies or not any(o is DATA for o in strategy.reads) or strategy.value("data") != "dynamic":
+        return None
+    seed = run.options.get("seed")
+    return {"mode": "dynamic", "seed": int(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))}
+

@@ -23,7 +23,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from .. import interrupt_guard, optimizer_state
+from .. import dynamic_data, interrupt_guard, optimizer_state
 from ..errors import NbdistError, OptionError, ParameterServerFailed
 from ..hetero import Profile, Slowdown, StepCost, parse_simulate
 from ..keras_bridge import apply_gradients_restored, build_for_training
@@ -60,7 +60,7 @@ class PsWorker(Worker):
         self.refuse_other_optimizers(request)
         spec = self.optimizer_spec(optimizer)  # refuse an optimizer the PS cannot apply, before any work
         data = self.fit_data(request)
-        build_for_training(model, data["x"])
+        build_for_training(model, self.arrays[0] if self.dealt is not None else data["x"])
         variables = list(model.trainable_variables)
         names = variable_names(model)["trainable"]
         plan = partition({n: int(np.prod(v.shape)) for n, v in zip(names, variables)}, len(self.config["shards"]))
@@ -68,30 +68,36 @@ class PsWorker(Worker):
                           ps_timeout_s=LIMITS.ps_restart_wait_s if self.config.get("ps_restarts")
                           else LIMITS.ps_reply_s)
         exchange = self.exchange_class(client, plan, names, request.samples_per_step, Slowdown(self.simulated))
+        if self.dealt is not None:  # --data dynamic: shard 0's answers bring the next batches
+            self.dealt.client, exchange.on_answer = client, self.dealt.answered
         user = self.user_callbacks(request)
         # the wait for a shard's reply sits inside a TensorFlow op, out of reach of Python's signal handler:
         # an interrupt (the kernel's, or a dead kernel's watcher) makes that wait give up at once
         with interrupt_guard.on_interrupt(client.abort):
             try:
                 if self.rank == 0:
-                    _init_shards(client, model, spec, plan, names, self._step_cost(model, data, request))
+                    timed = {"x": self.arrays[0], "y": self.arrays[1]} if self.dealt is not None else data
+                    _init_shards(client, model, spec, plan, names, self._step_cost(model, timed, request))
                 assign(variables, exchange.pull())
                 if self.virtual_step is not None or exchange.pulled.get("step"):
                     self.virtual_step = StepCost(**(exchange.pulled.get("step") or self.virtual_step.to_json()))
                     exchange.virtual = VirtualClock(self.simulated or Profile(), self.virtual_step,
                                                     request.samples_per_step or 32)
-                self.fit_timings = {"overlap": overlap_decision(self.config.get("overlap") or "off", spec,
-                                                                self.config.get("rule"))}
+                self.fit_timings.update(overlap=overlap_decision(self.config.get("overlap") or "off", spec,
+                                                                 self.config.get("rule")))
                 if self.fit_timings["overlap"] == "on":
                     exchange.overlap()
+                    if self.dealt is not None:
+                        self.dealt.depth = 2  # the next step's batch is taken before this step's answer came
                 with apply_gradients_restored(model):
                     own = self.connect(exchange, model, variables)
                     leads = self.rank == 0 and self.uses_ps_optimizer
                     follow = [follow_learning_rate(client, optimizer)] if leads else []
-                    share = (self.config.get("fractions") or [1.0] * self.size)[self.rank]
-                    callbacks = [epoch_agreement(client, exchange, share), *user, *follow, *own,
+                    dealt = [dynamic_data.epoch_follower(self.dealt)] if self.dealt is not None else []
+                    callbacks = [*dealt, epoch_agreement(client, exchange, self.share), *user, *follow, *own,
                                  stop_when_asked(exchange)]
-                    history = self.train(request, exchange, data, callbacks)
+                    with dynamic_data.epochs_of_any_length():
+                        history = self.train(request, exchange, data, callbacks)
                     for callback in own:
                         getattr(callback, "finish", lambda: None)()
                     getattr(exchange, "flush", lambda: None)()
@@ -101,6 +107,8 @@ class PsWorker(Worker):
                 if self.uses_ps_optimizer:
                     _take_optimizer_state(client, optimizer, variables, names)
                 restore_best_weights(user, model)
+                if self.dealt is not None:
+                    self.fit_timings["batches"] = {str(e): b for e, b in self.dealt.trained.items()}
                 return history
             finally:
                 exchange.abandon()  # after a failure or an interrupt (a finished fit closed it already)
@@ -131,13 +139,37 @@ class PsWorker(Worker):
         return step.to_json()
 
     def fit_data(self, request) -> dict:
-        """The `fit` arguments of this worker's share of the data (default: an equal strided shard); a worker
-        that joined the running run starts its first fit at the epoch the PS gave it."""
-        data = shard_fit_data(request, self.rank, self.size, fractions=self.config.get("fractions"))
+        """The `fit` arguments of this worker's data: batches dealt by shard 0 (`--data dynamic`, where the
+        cell fits on arrays), else an equal strided shard (or its `--shards speed` share); a worker that joined
+        the running run starts its first fit at the epoch the PS gave it."""
+        self.fit_timings, self.dealt = {}, None
+        mode = self.config.get("data") or {}
+        why = dynamic_data.applies(request) if mode.get("mode") == "dynamic" else None
+        if mode.get("mode") == "dynamic" and why is None:
+            data = self._dealt_data(request, mode["seed"])
+        else:
+            data = shard_fit_data(request, self.rank, self.size, fractions=self.config.get("fractions"))
+            if why is not None:
+                self.fit_timings["data"] = f"static shards: {why}"
         first = self.config.pop("first_epoch", None)
         if first is not None:
             data["initial_epoch"] = max(first, request.args.get("initial_epoch") or 0)
         return data
+
+    def _dealt_data(self, request, seed: int) -> dict:
+        """`fit`'s arguments under `--data dynamic`: a pipeline of the batches shard 0 deals this worker from the
+        whole arrays (`self.arrays`: x, y for building the model and timing a step); validation stays sharded."""
+        x, y, weights = dynamic_data.training_arrays(request)
+        self.arrays = (x, y)
+        self.dealt = dynamic_data.DealtBatches(None, len(dynamic_data.first_array(x)), seed,
+                                               int(request.batch_size or 32), shuffle=request.shuffle is not False)
+        return dynamic_data.fit_arguments((x, y, weights), self.dealt, request, self.rank, self.size)
+
+    def share(self, epoch: int) -> float:
+        """This worker's weight in the epoch's averaged logs: the samples it trained (dealt), or its shard."""
+        if self.dealt is not None:
+            return max(self.dealt.samples(epoch), 1)
+        return (self.config.get("fractions") or [1.0] * self.size)[self.rank]
 
     def reporter_clock(self, exchange: PushPull):
         """What the worker's records call the time: wall time, or the run's start plus virtual seconds."""
@@ -150,6 +182,8 @@ class PsWorker(Worker):
         """Keras' `fit` over this worker's data, every step through the PS."""
         reporter = self.make_reporter(request.samples_per_step, extra=exchange.metrics,
                                       clock=self.reporter_clock(exchange))
+        if self.dealt is not None:
+            reporter.expected_steps = self.dealt.expected_steps(self.size)
         return request.run_plain(callbacks=[*callbacks, reporter], verbose=0, **data)
 
     def connect(self, exchange: PushPull, model, variables) -> list:
@@ -261,6 +295,9 @@ class PsStrategy(Strategy):
         resume = self._checkpoint_to_resume()
         self.cluster = cluster
         settings = self.shard_settings(len(run.workers))
+        data = opt.data_config(self, run, self.deals_batches())
+        if data is not None:
+            settings["data"] = data  # shard 0 deals the batches
         self.service = PsService(run.id, self.value("ps_shards"), len(run.workers), settings,
                                  self.value("checkpoint_dir"), self.value("checkpoint_every"),
                                  restarts=self.shard_restarts(settings))
@@ -275,18 +312,19 @@ class PsStrategy(Strategy):
         return {"fractions": fractions, "shards": self.service.addresses, "key": self.service.key.hex(),
                 "ps_restarts": self.service.restarts_left,
                 "overlap": self.overlaps(),
-                "rule": (settings["rule"] or {}).get("preset"),
+                "rule": (settings["rule"] or {}).get("preset"), "data": data,
                 **self.clock_config(len(run.workers))}
 
     @property
     def takes_newcomers(self) -> bool:
         """Real-clock runs over equal shards of the rules that read --max-workers (not ASHL's allocation,
         ADSP's commits or synchronous rounds: they plan for the workers they started with)."""
-        return any(o is opt.MAX_WORKERS for o in self.reads) and not self.value("simulate") and self.array_shards()
+        return any(o is opt.MAX_WORKERS for o in self.reads) and not self.value("simulate") and self.equal_data()
 
     def admit(self, run, eid: int, rank: int, config: dict) -> dict:
-        """Every shard takes worker `rank` into the running fit; it pulls the current weights and trains its
-        strided share 1/(rank + 1) of the data from the epoch after the last one any worker finished."""
+        """Every shard takes worker `rank` into the running fit; it pulls the current weights and trains batches
+        shard 0 deals it from the open epoch on (`--data dynamic`), or its strided share 1/(rank + 1) of the data
+        from the epoch after the last one any worker finished."""
         from ..newcomers import Refused
 
         epochs = max((p.get("epochs") or 0 for p in run.progress.values()), default=0)
@@ -320,8 +358,17 @@ class PsStrategy(Strategy):
             return "off"
         return self.value("overlap")
 
-    def array_shards(self) -> bool:
+    def equal_data(self) -> bool:
+        """Whether the workers share the data equally: batches dealt on demand, or equal strided shards (not
+        `--shards speed`, nor a strategy that sizes each worker's data itself)."""
         return self.value("shards") != "speed" and self.worker_class.fit_data is PsWorker.fit_data
+
+    def deals_batches(self) -> bool:
+        """Whether shard 0 deals the batches (`--data dynamic`, where the strategy reads it and shares equally)."""
+        return self.equal_data() and any(o is opt.DATA for o in self.reads) and self.value("data") == "dynamic"
+
+    def array_shards(self) -> bool:
+        return self.equal_data() and not self.deals_batches()  # dealt batches come from the whole arrays
 
     def shard_settings(self, workers: int) -> dict:
         """How the shards treat pushes: the update rule (None: the cell's optimizer) and the release policy."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def epoch_agreement(client, exchange, share: float = 1.0):
+def epoch_agreement(client, exchange, share=lambda epoch: 1.0):
     """The workers' epoch-end logs averaged on the PS (shard 0 waits for every live worker; each weighs by
-    its `share` of the data), so History
+    `share(epoch)`, its part of the epoch's data), so History
     and the cell's callbacks see the same numbers on every worker, as under hfdt, and an EarlyStopping
     or ReduceLROnPlateau decides the same on all of them."""
     import keras
@@ -17,7 +17,7 @@ def epoch_agreement(client, exchange, share: float = 1.0):
             if logs is None:
                 return
             numbers = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float, np.floating))}
-            reply = client.request("epoch", only=0, epoch=int(epoch), logs=numbers, share=share,
+            reply = client.request("epoch", only=0, epoch=int(epoch), logs=numbers, share=share(epoch),
                                    **exchange.clock_fields())[0]
             logs.update(reply.header.get("logs") or {})
             if exchange.virtual is not None and isinstance(reply.header.get("vt"), (int, float)):

@@ -1,0 +1,197 @@
+"""Batches on demand (DESIGN.md section 11): the epoch's order, the dispatcher, shard 0's dealer, the synchronous
+schedule, and Keras running epochs of a different length each. In-process: no cluster."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nbdist.batches import Dispatcher, SyncSchedule, epoch_order
+from nbdist.ps import wire
+from nbdist.ps.shard import Shard
+from tests.support import SGD, W0, grads, message
+
+
+def covered(ranges, n):
+    """Each position of 0..n-1 and how often the (start, count) ranges cover it."""
+    counts = np.zeros(n, int)
+    for start, count in ranges:
+        counts[start:start + count] += 1
+    return counts
+
+
+def test_an_epochs_order_is_a_permutation_fixed_by_seed_and_epoch():
+    first, again, other = epoch_order(10, 7, 0), epoch_order(10, 7, 0), epoch_order(10, 7, 1)
+    assert sorted(first) == list(range(10)) and list(first) == list(again) and list(first) != list(other)
+    assert list(epoch_order(5, 7, 3, shuffle=False)) == [0, 1, 2, 3, 4]
+
+
+def test_the_dispatcher_deals_every_sample_once_and_takes_a_dead_workers_batches_back():
+    dispatcher = Dispatcher(10)
+    dispatcher.open(0)
+    assert dispatcher.deal(0, 4) == (0, 0, 4) and dispatcher.deal(1, 4) == (0, 4, 4)
+    dispatcher.applied(0)
+    assert dispatcher.deal(0, 4) == (0, 8, 2)  # the last batch takes what is left
+    assert dispatcher.deal(0, 4) is None and not dispatcher.spent()
+    assert dispatcher.lost(1) == 4  # worker 1 died holding [4, 8): dealt again, in pieces of the asker's size
+    assert dispatcher.deal(0, 3) == (0, 4, 3) and dispatcher.deal(2, 3) == (0, 7, 1)
+    for worker in (0, 0, 2):
+        dispatcher.applied(worker)
+    assert dispatcher.spent() and dispatcher.trained == {0: 9, 2: 1}
+    applied = [(s, c) for _, w, s, c in dispatcher.log if w != 1]
+    assert list(covered(applied, 10)) == [1] * 10
+
+
+def test_the_sync_schedule_gives_each_rank_its_slice_and_re_splits_the_rest_after_a_death():
+    ranks = [SyncSchedule(22, batch=2, seed=3) for _ in range(3)]  # every rank keeps its own copy
+    for schedule in ranks:
+        schedule.open(0)
+    order = epoch_order(22, 3, 0)
+    step0 = [s.step(rank, 3) for rank, s in enumerate(ranks)]
+    assert [list(part) for part in step0] == [list(order[0:2]), list(order[2:4]), list(order[4:6])]
+    for schedule in ranks:  # step 1 starts; rank 2 dies in its allreduce
+        schedule.mark()
+        schedule.step(0, 3)
+    survivors = ranks[:2]
+    for schedule in survivors:  # the survivors run the failed step again, now 2 of them
+        schedule.rewind()
+    trained = [*step0]
+    while (parts := [s.step(rank, 2) for rank, s in enumerate(survivors)])[0] is not None:
+        trained += parts
+    assert sorted(np.concatenate(trained)) == list(range(22))  # every sample once that epoch
+    assert [len(p) for p in trained[3:]] == [2, 2, 2, 2, 2, 2, 2, 2]  # 16 left, 4 a step over 2 ranks
+
+
+def synchronous_steps(n, batch, size):
+    ranks = [SyncSchedule(n, batch=batch, seed=1, shuffle=False) for _ in range(size)]
+    for schedule in ranks:
+        schedule.open(0)
+    steps = []
+    while (parts := [s.step(rank, size) for rank, s in enumerate(ranks)])[0] is not None:
+        steps.append([[int(i) for i in p] for p in parts])
+    assert ranks[0].steps_left(size) == 0
+    return steps
+
+
+def test_the_last_synchronous_step_splits_what_is_left_and_leaves_fewer_than_the_ranks_untrained():
+    assert synchronous_steps(11, 4, 2) == [[[0, 1, 2, 3], [4, 5, 6, 7]], [[8, 9], [10]]]  # 3 left: 2 and 1
+    assert synchronous_steps(9, 4, 2) == [[[0, 1, 2, 3], [4, 5, 6, 7]]]  # 1 left for 2 ranks: untrained
+
+
+def dealing_shard(workers=2, **config) -> Shard:
+    shard = Shard({"workers": workers, "data": {"mode": "dynamic", "seed": 5}, **config})
+    shard.handle(b"w0", message("init", W0, worker=0, optimizer=SGD, trainable=list(W0), layout=list(W0)))
+    return shard
+
+
+def ask(shard, worker, epoch=0, size=4, n=10, depth=1):
+    """The fields of the answers this batch request releases, by worker."""
+    replies = shard.handle(f"w{worker}".encode(), message("batch", worker=worker, epoch=epoch, size=size, n=n,
+                                                          depth=depth))
+    return {int(ident[1:]): fields for ident, kind, _, fields in replies if kind == "ok"}
+
+
+def push(shard, worker, version=0):
+    replies = shard.handle(f"w{worker}".encode(), message("push", grads(0.0), worker=worker, version=version, step=0))
+    return {int(ident[1:]): fields for ident, _, _, fields in replies}
+
+
+def test_an_epoch_opens_when_every_worker_asked_and_each_answer_deals_the_next_batch():
+    shard = dealing_shard()
+    assert ask(shard, 1) == {}  # waits for worker 0
+    assert ask(shard, 0) == {0: {"batches": [[0, 0, 4]]}, 1: {"batches": [[0, 4, 4]]}}  # rank order, every run
+    assert push(shard, 0)[0]["batches"] == [[0, 8, 2]]  # the push's answer brings its next batch
+    assert "batches" not in push(shard, 0)[0]  # nothing left to deal; worker 1 still holds [4, 8)
+    assert ask(shard, 0) == {}  # so worker 0 waits: for a batch that comes back, or the epoch's end
+    released = push(shard, 1)  # the epoch's last batch applied: worker 0 hears that the epoch is spent
+    assert released[1].get("batches") is None and released[0] == {"batches": [], "spent": True}
+    assert ask(shard, 1) == {1: {"batches": [], "spent": True}}
+    assert shard.summary()["data"]["dealt"] == {"0": {"0": [2, 6], "1": [1, 4]}}
+
+
+def test_a_dead_workers_batch_is_dealt_to_the_worker_waiting_for_one():
+    shard = dealing_shard()
+    ask(shard, 1)
+    ask(shard, 0)
+    push(shard, 0)  # worker 0 trained [0, 4) and got [8, 10)
+    push(shard, 0)
+    assert ask(shard, 0) == {}
+    replies = shard.handle(b"k", message("drop", worker="controller", worker_id=1))
+    answered = {ident: fields for ident, kind, _, fields in replies if ident == b"w0"}
+    assert answered == {b"w0": {"batches": [[0, 4, 4]]}}  # worker 1's [4, 8), trained again by worker 0
+    assert shard.events[-1]["event"] == "worker_dropped" and shard.events[-1]["requeued"] == 4
+
+
+def test_a_waiting_worker_holds_back_no_round_and_no_staleness_bound():
+    shard = dealing_shard(max_staleness=0)
+    ask(shard, 1, size=2)
+    ask(shard, 0, size=8)  # worker 0 holds [0, 8), worker 1 [8, 10)
+    push(shard, 1)  # lock-step: worker 1's answer waits for worker 0's push ...
+    assert ask(shard, 1, size=2) == {}  # ... and worker 1, with nothing left, waits for a batch
+    released = push(shard, 0)  # so worker 0's push is not held for a worker that pushes nothing more
+    assert set(released) == {0, 1} and shard.version == 2
+
+
+def test_a_batch_request_that_names_other_data_is_refused():
+    shard = dealing_shard()
+    ask(shard, 0)
+    with pytest.raises(wire.Rejected, match="every engine must hold the same data"):
+        ask(shard, 1, n=11)
+
+
+def test_keras_runs_every_epoch_until_its_batches_end_whatever_their_number():
+    import keras
+
+    from nbdist.dynamic_data import epoch_follower, epochs_of_any_length, pipeline
+
+    class Source:
+        epoch, lengths, seen = 0, {0: 3, 1: 5, 2: 2}, []
+
+        def positions(self, epoch):
+            for i in range(self.lengths[epoch]):
+                self.seen.append(epoch)
+                yield np.arange(i * 2, i * 2 + 2)
+
+    source = Source()
+    x, y = np.random.default_rng(0).random((10, 3)), np.arange(10) % 2
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    counted = []
+
+    class Count(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            counted.append(0)
+
+        def on_train_batch_end(self, batch, logs=None):
+            counted[-1] += 1
+
+    with epochs_of_any_length():
+        model.fit(pipeline((x, y, None), source), epochs=3, verbose=0, shuffle=False, callbacks=[epoch_follower(source), Count()])
+    assert counted == [3, 5, 2] and source.seen == [0] * 3 + [1] * 5 + [2] * 2
+
+
+def test_the_pipeline_draws_each_batch_when_its_step_begins_not_ahead():
+    import keras
+
+    from nbdist.dynamic_data import epochs_of_any_length, pipeline
+
+    events = []
+
+    class Source:
+        epoch = 0
+
+        def positions(self, epoch):
+            for i in range(4):
+                events.append(("drawn", i))
+                yield np.arange(i * 2, i * 2 + 2)
+
+    class Begins(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            events.append(("begins", batch))
+
+    x, y = np.random.default_rng(0).random((8, 3)).astype("float32"), np.arange(8) % 2
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with epochs_of_any_length():
+        model.fit(pipeline((x, y, None), Source()), epochs=1, verbose=0, shuffle=False, callbacks=[Begins()])
+    assert events == [e for i in range(4) for e in (("begins", i), ("drawn", i))] + [("begins", 4)]
