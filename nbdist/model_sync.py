@@ -51,6 +51,22 @@ def own_classes(models, namespace: dict) -> list[str]:
             if isinstance(value, type) and value in used and value.__module__ == "__main__"]
 
 
+def rebuild_error(model) -> str | None:
+    """Why Keras cannot rebuild `model` from its saved form on another process (a layer class of the notebook's
+    whose __init__ does not take what its get_config gives), or None. Such a model travels as the notebook's
+    statements that made it, its state installed after (`install`)."""
+    for layer in _layers(model):
+        cls = type(layer)
+        if cls.__module__ != "__main__":
+            continue
+        try:
+            cls.from_config(layer.get_config())
+        except Exception as exc:  # noqa: BLE001 - whatever Keras' own rebuild would fail on
+            return f"its layer class {cls.__name__} cannot be rebuilt from its config ({type(exc).__name__}: " \
+                   f"{str(exc)[:120]})"
+    return None
+
+
 def _layers(model):
     """The model and all its layers, depth first (the same order on every process)."""
     yield model

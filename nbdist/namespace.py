@@ -68,6 +68,12 @@ def definition_digests() -> dict:
     return dict(_shell().user_ns.get(DEFINITIONS_VAR, {}))
 
 
+def forget(keys: list[str]) -> None:
+    """Forget that these were run here: they run again the next time they are sent."""
+    for key in keys:
+        _shell().user_ns.get(DEFINITIONS_VAR, {}).pop(key, None)
+
+
 def run_definition(key: str, digest: str, source: str, index, cwd: str | None = None) -> None:
     """Run one recorded definition cell and remember its digest; in the notebook's working directory `cwd`
     where this engine sees it (its relative paths then mean what they mean in the notebook)."""

@@ -142,11 +142,16 @@ class Session:
         have = {eid: cluster.client[eid].apply_async(model_sync.digests, list(used)) for eid in engine_ids}
         have = {eid: ar.get(timeout=LIMITS.definition_s) for eid, ar in have.items()}
         calls = []
+        by_code = {name for name, model in used.items() if model_sync.rebuild_error(model) is not None}
         for name, state in states.items():
             digest, blob = state.digest(), None
             for eid in engine_ids:
                 theirs = have[eid].get(name)
                 if theirs is not None and theirs[1] == digest:
+                    continue
+                if name in by_code and (theirs is None or theirs[0] != state.architecture):
+                    # the statements that made it run there again (the bring plan), its state installed after
+                    calls.append((eid, cluster.client[eid].apply_async(namespace.forget, [f"bring:{name}"])))
                     continue
                 if theirs is None or theirs[0] != state.architecture:
                     blob = blob or pickle.dumps(used[name])
@@ -173,7 +178,8 @@ class Session:
         marked = {n for d in self.definitions.values() for n in bindings(self._python(d.source))}
         models = model_sync.models_used(python, namespace)
         also = model_sync.own_classes(models.values(), namespace)  # the models' custom layers, for their unpickling
-        return bring.plan(python, namespace, self._notebook_cells(), marked | set(models), names, also)
+        rebuilt = {n for n, m in models.items() if model_sync.rebuild_error(m) is None}  # the others: by their code
+        return bring.plan(python, namespace, self._notebook_cells(), marked | rebuilt, names, also)
 
     def _notebook_cells(self) -> list[tuple[int, str]]:
         history = self.shell.user_ns.get("In") or []
@@ -207,9 +213,13 @@ class Session:
         early = run.sent.get("brought") or {"names": [], "data_bytes": 0, "sharded": [], "digests": {}}
         if newcomer is not None:
             bring.send(items, self.require_cluster(), [newcomer[0]], shard_names, dict([newcomer]), early["digests"])
+            if any(item.remade for item in items):
+                self.sync_models(run.cell, [newcomer[0]])
             return
         late = (bring.send(items, self.require_cluster(), run.workers, shard_names, digests=early["digests"])
                 if items else early)
+        if any(item.remade for item in items):  # a model made again by its statements takes the notebook's state
+            self.sync_models(run.cell, run.workers)
         brought = early if late is early else {**{k: early[k] + late[k] for k in ("names", "data_bytes", "sharded")},
                                                "digests": late["digests"]}
         if not brought["names"] and not items:

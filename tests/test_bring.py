@@ -68,11 +68,11 @@ def test_an_unmarked_notebook_trains_and_a_rerun_sends_no_data(plain, cluster, s
     assert plain.value("float(history.history['loss'][0])") < 2.5
 
 
-def test_each_worker_receives_only_its_shard(plain, cluster):
+def test_with_static_shards_each_worker_receives_only_its_shard(plain, cluster):
     _, client = cluster
     idle_engines(cluster, 2)
     plain.run("px, py = px[::-1].copy(), py[::-1].copy()").check()  # new content: sent afresh (by digest)
-    plain.run(f"%%distribute {LINES['nfdt']}\n" + TRAIN, timeout=240).check()
+    plain.run(f"%%distribute {LINES['nfdt']} --data static\n" + TRAIN, timeout=240).check()
     sent = brought(plain)
     assert sent["sharded"] == ["px", "py"] and sent["data_bytes"] == 1024 * 784 * 4 + 1024  # halves, one a worker
     workers = plain.value("nbdist.last_run.workers")

@@ -158,10 +158,18 @@ def _binds(statement) -> set[str]:
     return set()
 
 
+USES = ("fit", "evaluate", "predict", "summary", "save", "save_weights", "export", "plot_model")  # not changes
+
+
 def _changes(statement) -> set[str]:
-    """Names a statement changes in place: `ds.method(...)` alone on its line, `obj.attr = ...`, `a[i] = ...`."""
+    """Names a statement changes in place: `ds.method(...)` alone on its line (not a use such as `model.fit`),
+    `obj.attr = ...`, `a[i] = ...`, and an object it calls (`feature_space(x)`: a Keras layer's first call
+    builds it)."""
     roots = []
-    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+    called = {node.func.id for node in ast.walk(statement)
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call) and not (
+            isinstance(statement.value.func, ast.Attribute) and statement.value.func.attr in USES):
         roots.append(statement.value.func)
     elif isinstance(statement, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
         roots += statement.targets if isinstance(statement, ast.Assign) else [statement.target]
@@ -173,7 +181,7 @@ def _changes(statement) -> set[str]:
             node = node.func if isinstance(node, ast.Call) else node.value
         if isinstance(node, ast.Name):
             found.add(node.id)
-    return found
+    return found | called
 
 
 def _reads(statement) -> list[str]:

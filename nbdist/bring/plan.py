@@ -150,17 +150,34 @@ def _unsendable(value) -> str | None:
         return "it is a tf.data.Dataset (a pipeline cannot be copied to another process)"
     if _is_array_like(value):
         return None
+    if _is_keras(value, "KerasTensor"):
+        return "it is a symbolic Keras tensor (made again with the layers that make it)"
+    if _is_keras(value, "Layer"):  # a model too
+        from ..model_sync import rebuild_error
+
+        why = rebuild_error(value)
+        if why is not None:
+            return why
     try:
         import cloudpickle
 
         blob = cloudpickle.dumps(value)
     except Exception as exc:  # noqa: BLE001 - any reason pickling fails is the reason to give
         return f"it cannot be pickled ({type(exc).__name__}: {str(exc)[:120]})"
-    if getattr(value, "built", None) is True and "Layer" in {c.__name__ for c in type(value).__mro__} \
-            and getattr(cloudpickle.loads(blob), "built", True) is not True:
-        return ("its copy would lose what it was built or adapted to (a Keras layer, such as FeatureSpace, "
-                "that pickles unbuilt)")
+    if _is_keras(value, "Layer") and any(getattr(value, state, None) is True for state in LAYER_STATES):
+        copy = cloudpickle.loads(blob)
+        if any(getattr(value, s, None) is True and getattr(copy, s, None) is not True for s in LAYER_STATES):
+            return ("its copy would lose what it was built or adapted to (a Keras layer, such as FeatureSpace, "
+                    "that pickles unbuilt or unadapted)")
     return None
+
+
+LAYER_STATES = ("built", "_is_adapted", "_sublayers_built")  # what a Keras layer's pickled copy may lack
+
+
+def _is_keras(value, kind: str) -> bool:
+    """Whether `value` is a Keras `kind` ("Layer", "KerasTensor"), without importing Keras."""
+    return any(c.__name__ == kind and c.__module__.startswith("keras") for c in type(value).__mro__)
 
 
 def _is_array_like(value) -> bool:
