@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import signal
@@ -147,7 +148,10 @@ class ClusterHandle:
         return self.cluster is not None
 
     def stop(self) -> None:
-        """Stop the cluster if nbdist started it, else release its engines and disconnect. Idempotent."""
+        """Stop the cluster if nbdist started it (its data caches removed on every host), else release its
+        engines and disconnect. Idempotent."""
+        if self.cluster is not None and self.client is not None:
+            self._remove_caches()
         client, cluster, watcher = self.client, self.cluster, self.lifeline
         self.client = self.cluster = self.lifeline = None
         if client is not None:
@@ -158,6 +162,40 @@ class ClusterHandle:
             _stop_quietly(cluster)
         if watcher is not None:
             watcher.stop()
+
+    def cache_holdings(self) -> dict[str, dict]:
+        """What this cluster's data cache holds on each host of its engines: {host: {"files", "bytes"}}."""
+        from . import host_cache
+
+        key, machines = self.cache_key, {}
+        for eid in self.ids():
+            machines.setdefault(self.machine_of(eid), eid)
+        held = {}
+        for eid in machines.values():
+            try:
+                held[self.info(eid).host] = (host_cache.holds(key) if self.is_local(eid) else
+                                             self.client[eid].apply_sync(host_cache.holds, key))
+            except Exception:  # noqa: BLE001 - an engine that cannot answer: its host is left out
+                continue
+        return held
+
+    def _remove_caches(self) -> None:
+        """The data this cluster placed on each host (`host_cache`): this host's here, another's by one of its
+        engines (best effort: a cache left behind is bounded, and named by the cluster)."""
+        from . import host_cache
+
+        key = self.cache_key
+        host_cache.remove(key)
+        remote = {}
+        for eid in self.ids():
+            if not self.is_local(eid):
+                remote.setdefault(self.machine_of(eid), eid)
+        calls = [self.client[eid].apply_async(host_cache.remove, key) for eid in remote.values()]
+        for call in calls:
+            try:
+                call.get(timeout=LIMITS.engine_probe_s)
+            except Exception:  # noqa: BLE001 - an engine that cannot answer now leaves a bounded cache
+                pass
 
     def __enter__(self):
         return self
@@ -261,6 +299,19 @@ class ClusterHandle:
         if not self.is_local(eid) or self._info[eid].pid is None:
             return True
         return _process_running(self._info[eid].pid)
+
+    def machine_of(self, eid: int) -> str:
+        """Which machine the engine runs on (its boot id, else its host name): engines of one share its cache."""
+        info = self._info.get(eid)
+        return (info.boot_id or info.host) if info is not None else f"engine {eid}"
+
+    @property
+    def cache_key(self) -> str:
+        """The name of this cluster's data cache on each host (`host_cache`): its id when nbdist started it,
+        else a digest of the key its clients sign with (the same for every kernel that connects to it)."""
+        if self.cluster is not None:
+            return self.cluster.cluster_id
+        return hashlib.sha256(self.client.session.key).hexdigest()[:16]
 
     def is_local(self, eid: int) -> bool:
         """Whether the engine runs on this machine (same boot id as the kernel)."""

@@ -209,6 +209,9 @@ def _print_engines(cluster) -> None:
     """The engine table, then what engines lack compared with the notebook (each warning once per connection)."""
     rows = cluster.inventory()
     print(report.engine_table(rows))
+    placed = report.cache_lines(cluster.cache_holdings())
+    if placed:
+        print(placed)
     warnings = report.compatibility_notice(cluster, rows)
     if warnings:
         print(warnings)

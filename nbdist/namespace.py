@@ -106,9 +106,11 @@ def value_digests() -> dict:
             if name in namespace and id(namespace[name]) == ident}
 
 
-def receive_value(name: str, digest: str, value, pickled: bool = False, shard: tuple | None = None) -> None:
+def receive_value(name: str, digest: str, value, pickled: bool = False, shard: tuple | None = None,
+                  cache: str | None = None) -> None:
     """Bind a value the notebook sent (`nbdist.bring`); `shard` (rank, size, full length): it is this
-    rank's strided shard of the notebook's array."""
+    rank's strided shard of the notebook's array; `cache`: an array this host's other engines map too, placed
+    in the host's cache of that cluster (`host_cache`)."""
     if pickled:
         import cloudpickle
 
@@ -117,6 +119,25 @@ def receive_value(name: str, digest: str, value, pickled: bool = False, shard: t
         from .sharding import mark_presharded
 
         mark_presharded(value, *shard)
+    if cache is not None:
+        from . import host_cache
+
+        value = host_cache.place(cache, digest, value)
+    _bind_value(name, digest, value)
+
+
+def map_value(name: str, digest: str, cache: str) -> bool:
+    """Bind the array this host's cache holds under `digest`; False when it holds none (then send it)."""
+    from . import host_cache
+
+    value = host_cache.mapped(cache, digest)
+    if value is None:
+        return False
+    _bind_value(name, digest, value)
+    return True
+
+
+def _bind_value(name: str, digest: str, value) -> None:
     namespace = _shell().user_ns
     namespace[name] = value
     namespace.setdefault(VALUES_VAR, {})[name] = (digest, id(value))

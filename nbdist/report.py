@@ -36,6 +36,12 @@ def engine_table(rows) -> str:
     return text
 
 
+def cache_lines(holdings: dict[str, dict]) -> str:
+    """What the cluster's data cache holds on each host (one copy of each array a cell sent, per host)."""
+    return "\n".join(f"data placed on {host}: {held['files']} array(s), {held['bytes'] / 1e6:.1f} MB (one copy for "
+                     "every engine of the host)" for host, held in sorted(holdings.items()) if held["files"])
+
+
 def compatibility_notice(cluster, rows) -> str:
     """Warnings about engines that differ from the notebook (nbdist.compat), each shown once per connection."""
     from . import compat, host

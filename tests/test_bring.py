@@ -81,6 +81,24 @@ def test_with_static_shards_each_worker_receives_only_its_shard(plain, cluster):
     assert [client[eid].pull("_px_held", block=True) for eid in workers] == [512, 512]
 
 
+def test_an_array_sent_whole_is_placed_once_on_the_host_and_every_engine_maps_that_copy(plain, cluster):
+    _, client = cluster
+    idle_engines(cluster, 2)
+    plain.run("px = px.copy()\npx[0, 0] = 0.5").check()  # new content: placed afresh (by digest)
+    plain.run(f"%%distribute {LINES['nfdt']}\n" + TRAIN, timeout=240).check()  # batches on demand: whole arrays
+    sent = brought(plain)
+    assert "px" in sent["names"] and sent["data_bytes"] == 0  # the kernel shares the host: it wrote the copy itself
+    files = [client[eid].apply_sync(_mapped_file, "px") for eid in plain.value("nbdist.last_run.workers")]
+    assert files[0] is not None and files[0] == files[1], files  # one file, mapped by both engines
+    assert "data placed on" in plain.run("%dist status").check().stdout
+
+
+def _mapped_file(name: str) -> str | None:
+    from nbdist.namespace import user_namespace
+
+    return getattr(user_namespace()[name], "filename", None)
+
+
 def test_the_same_notebook_with_marks_gives_the_same_weights(plain, cluster):
     idle_engines(cluster, 2)
     plain.run(DATA, timeout=120).check()  # the data as the cells make it (an earlier test reversed it)

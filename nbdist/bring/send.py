@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from .. import namespace
+from .. import host_cache, namespace
 from ..errors import DefinitionFailed, OptionError
 from ..limits import LIMITS
 from .plan import Item
@@ -101,6 +101,9 @@ def _send_value(item: Item, cluster, positions: dict[int, tuple[int, int]], have
     digest, blob = digest_of(value)
     most = max(size for _, size in positions.values())
     by_shard = by_shard and most > 1 and blob is None and value.ndim >= 1 and len(value) >= most
+    if blob is None and not by_shard:
+        _place_by_host(item, digest, cluster, [e for e in positions if have[e].get(item.name) != digest], sent)
+        return digest
     calls = {}
     for eid, (rank, size) in positions.items():
         if by_shard:
@@ -123,6 +126,33 @@ def _send_value(item: Item, cluster, positions: dict[int, tuple[int, int]], have
         if by_shard:
             sent["sharded"].append(item.name)
     return digest
+
+
+def _place_by_host(item: Item, digest: str, cluster, engines: list[int], sent: dict) -> None:
+    """An array sent whole: one copy per host (`host_cache`). The kernel places it itself on its own host; on
+    another, the first engine that needs it receives it and places it; the host's other engines map it."""
+    if not engines:
+        return
+    by_host: dict[str, list[int]] = {}
+    for eid in engines:
+        by_host.setdefault(cluster.machine_of(eid), []).append(eid)
+    client, cache = cluster.client, cluster.cache_key
+    for machine, eids in by_host.items():
+        if cluster.is_local(eids[0]):
+            host_cache.place(cache, digest, item.value)
+            first = []
+        else:
+            first = eids[:1]
+            _gather(cluster, {first[0]: client[first[0]].apply_async(namespace.receive_value, item.name, digest,
+                                                                     item.value, False, None, cache)}, item)
+            sent["data_bytes"] += item.value.nbytes
+        mapped = _gather(cluster, {eid: client[eid].apply_async(namespace.map_value, item.name, digest, cache)
+                                   for eid in eids if eid not in first}, item)
+        for eid in [e for e, ok in mapped.items() if not ok]:  # its host's cache lost the file: sent to it
+            _gather(cluster, {eid: client[eid].apply_async(namespace.receive_value, item.name, digest, item.value,
+                                                           False, None, cache)}, item)
+            sent["data_bytes"] += item.value.nbytes
+    sent["names"].append(item.name)
 
 
 def _gather(cluster, calls: dict, item: Item | None = None) -> dict:
