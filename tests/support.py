@@ -148,10 +148,15 @@ def own_cluster(engines: int = 2):
 
 def busy_ids(client) -> dict[int, dict]:
     """Registered engines with a task queued or running (direct `queue` or load-balanced `tasks`), and
-    their status."""
+    their status; an engine this client sent a task the hub has not counted yet is busy too (its `queue` 1)."""
     status = client.queue_status()
-    return {eid: status[eid] for eid in sorted(client.ids)
+    busy = {eid: status[eid] for eid in sorted(client.ids)
             if eid in status and (status[eid]["queue"] or status[eid]["tasks"])}
+    sent = getattr(client, "_outstanding_dict", {})  # ipyparallel's own record of what this client awaits
+    for eid, uuid in getattr(client, "_engines", {}).items():
+        if sent.get(uuid) and eid not in busy:
+            busy[eid] = {**status.get(eid, {}), "queue": len(sent[uuid])}
+    return busy
 
 
 def wait_idle(client, timeout: float) -> dict[int, dict]:

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from nbdist.ps.push_log import LOG_FIELDS
 from tests.support import SGD_CELL, eventually, idle_engines, own_cluster, scaled
 
 pytestmark = pytest.mark.cluster
@@ -44,7 +45,7 @@ def test_background_run_with_dashboard_obeys_every_control(kernel, cluster):
     result = kernel.value(
         "{'status': run.status, 'epochs': len(history.history['loss']), 'weights': len(model.get_weights()), "
         "'same': all((a == b).all() for a, b in zip(model.get_weights(), run.weights)), "
-        "'lrs': sorted({round(e[-1], 6) for e in run.ps[0]['log'] if e[3] > lr_at + 1}), "
+        f"'lrs': sorted({{round(e[{LOG_FIELDS.index('lr')}], 6) for e in run.ps[0]['log'] if e[3] > lr_at + 1}}), "
         "'evicted_pushes_after': run.ps[0]['workers']['1']['pushed'], 'events': [e['event'] for e in run.events], "
         "'static': len(d.static.data), 'header': d.header.value, "
         "'applied_at': [r['t'] for r in run.push_records if r['applied']], 'controls': [(e['event'], e['t']) for e in run.ps[0]['events'] "

@@ -236,11 +236,12 @@ def test_balance_auto_sizes_batches_by_speed_and_the_slow_rank_no_longer_sets_th
 
 def test_balance_auto_at_equal_speeds_is_plain_hfdt(kernel):
     # equal speeds: balanced batches equal the cell's (weights 1), 1000 samples a rank make 25 whole batches of 40,
-    # so nothing is dropped and both runs take the same steps on the same samples
+    # so nothing is dropped and both runs take the same steps on the same samples (static shards: --balance sizes
+    # each rank's own shard)
     cell = TRAIN.format(epochs=2).replace("batch_size=64", "batch_size=40")
     weights = {}
     for balance in ("none", "auto"):
-        kernel.run(f'%%distribute --strategy hfdt --workers 2 --balance {balance} --seed 3 --simulate "speed=1,1; '
-                   f'clock=virtual; step=1ms+50us/sample"\n' + cell, timeout=240).check()
+        kernel.run(f'%%distribute --strategy hfdt --workers 2 --balance {balance} --data static --seed 3 --simulate '
+                   f'"speed=1,1; clock=virtual; step=1ms+50us/sample"\n' + cell, timeout=240).check()
         weights[balance] = kernel.value("[w.tolist() for w in model.get_weights()]")
     assert weights["auto"] == weights["none"]

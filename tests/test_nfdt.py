@@ -54,12 +54,13 @@ def test_overlap_with_two_workers_applies_every_acknowledged_push_and_loss_falls
     kernel.run('%%distribute --strategy nfdt --workers 2 --seed 2 --simulate "clock=virtual; step=5ms"\n' + cell,
                timeout=300).check()
     counts = kernel.value("nbdist.last_run.ps[0]['counts']")
-    steps = kernel.value("sum(len(fit.history['loss']) * fit.params['steps'] "
-                         "for fits in nbdist.last_run.results.values() for fit in fits)")
+    steps = 3 * -(-2000 // 32)  # batches on demand: each epoch's batches of 32, every sample once
     assert counts["applied"] == counts["acked"] == steps and counts["rejected"] == 0, (counts, steps)
     log = push_log(kernel)
-    for worker in (0, 1):  # after its first push, a worker's pushes are never fresher than one exchange old
-        assert min(e["staleness"] for e in log if e["worker"] == worker and e["step"] > 1) >= 1
+    assert sorted(e["batch"] for e in log) == sorted([e, s, min(32, 2000 - s)] for e in range(3) for s in range(0, 2000, 32))
+    # after its first push a worker's pushes alternate with the other's, one version stale; only the last batch of
+    # an epoch, pushed while the other worker waits for the epoch's end, can be fresh: at most one an epoch
+    assert sum(1 for e in log if e["step"] > 1 and e["staleness"] == 0) <= 3, [e["staleness"] for e in log]
     loss = kernel.value("history.history['loss']")
     assert loss[-1] < loss[0], loss
 
@@ -67,10 +68,11 @@ def test_overlap_with_two_workers_applies_every_acknowledged_push_and_loss_falls
 def test_four_workers_apply_every_acknowledged_push_with_staleness_and_loss_falls(kernel, cluster):
     idle_engines(cluster, 4)
     cell = SGD_CELL.format(lr=0.1, batch=32, epochs=3, steps="None", shuffle=True)
-    # the virtual clock (equal speeds): the four workers' pushes arrive together and go in rank order, so
-    # every push after the first round is 3 versions stale, on both shards alike
-    kernel.run('%%distribute --strategy nfdt --workers 4 --ps-shards 2 --seed 2 --simulate "clock=virtual; step=5ms"\n'
-               + cell, timeout=300).check()
+    # the virtual clock (equal speeds, static shards of 500: 16 steps each an epoch): the four workers' pushes
+    # arrive together and go in rank order, so every push after the first round is 3 versions stale, on both
+    # shards alike
+    kernel.run('%%distribute --strategy nfdt --workers 4 --ps-shards 2 --seed 2 --data static '
+               '--simulate "clock=virtual; step=5ms"\n' + cell, timeout=300).check()
     shards = kernel.value("[s['counts'] for s in nbdist.last_run.ps]")
     steps = kernel.value("sum(len(fit.history['loss']) * fit.params['steps'] "
                          "for fits in nbdist.last_run.results.values() for fit in fits)")
@@ -94,7 +96,7 @@ def test_max_staleness_bounds_the_lead_over_the_slowest_worker(kernel, cluster):
     placed = [tuple(p) for p in placed]
     assert placed == [(0, kernel.value("nbdist.last_run.workers[0]")), (1, kernel.value("nbdist.last_run.workers[1]"))]
     log = push_log(kernel)
-    assert len(log) == 4 * (2000 // 4 // 16 + 1)
+    assert len(log) == -(-2000 // 16)  # batches on demand: every sample once, in batches of 16
     assert max(e["lead"] for e in log) <= 1, max(e["lead"] for e in log)
 
 
@@ -135,11 +137,10 @@ def test_an_engine_started_mid_run_joins_it_with_its_pushes_applied_and_acknowle
     first = joined["first_epoch"]
     assert kernel.value(f"len(nbdist.last_run.results[{newcomer}][0].history['loss'])") == epochs - first
     counts = kernel.value("nbdist.last_run.ps[0]['counts']")
-    steps = kernel.value("sum(len(fit.history['loss']) * fit.params['steps'] "
-                         "for fits in nbdist.last_run.results.values() for fit in fits)")
+    steps = epochs * -(-2000 // 32)  # batches on demand: each epoch every sample once, the newcomer's among them
     assert counts["applied"] == counts["acked"] == steps and counts["rejected"] == 0, (counts, steps)
-    assert sum(1 for e in push_log(kernel) if e["worker"] == 2) == (epochs - first) * kernel.value(
-        f"nbdist.last_run.results[{newcomer}][0].params['steps']")
+    dealt = kernel.value(f"nbdist.last_run.results[{newcomer}][0].timings['batches']")  # what it trained, by epoch
+    assert 0 < sum(1 for e in push_log(kernel) if e["worker"] == 2) == sum(len(b) for b in dealt.values())
     assert kernel.value("len(history.history['loss'])") == epochs
 
 

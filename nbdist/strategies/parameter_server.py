@@ -59,6 +59,7 @@ class PsWorker(Worker):
         model, optimizer = request.model, request.model.optimizer
         self.refuse_other_optimizers(request)
         spec = self.optimizer_spec(optimizer)  # refuse an optimizer the PS cannot apply, before any work
+        self.fit_timings, self.dealt = {}, None  # fit_data deals this worker's batches, where it can
         data = self.fit_data(request)
         build_for_training(model, self.arrays[0] if self.dealt is not None else data["x"])
         variables = list(model.trainable_variables)
@@ -142,7 +143,6 @@ class PsWorker(Worker):
         """The `fit` arguments of this worker's data: batches dealt by shard 0 (`--data dynamic`, where the
         cell fits on arrays), else an equal strided shard (or its `--shards speed` share); a worker that joined
         the running run starts its first fit at the epoch the PS gave it."""
-        self.fit_timings, self.dealt = {}, None
         mode = self.config.get("data") or {}
         why = dynamic_data.applies(request) if mode.get("mode") == "dynamic" else None
         if mode.get("mode") == "dynamic" and why is None:
