@@ -40,6 +40,7 @@ class DealtBatches:
         self.queue: deque = deque()
         self.arrived = threading.Condition()
         self.spent = True
+        self.stopped = False  # the shards said: end the fit (a graceful stop)
         self.epoch = 0
         self.delivered = self.applied = 0  # batches dealt to it and pushes answered, this epoch
         self.trained: dict[int, list[list[int]]] = {}  # epoch -> [start, count] of each batch it trained
@@ -93,6 +94,7 @@ class DealtBatches:
             self.queue.extend(dealt)
             self.delivered += len(dealt)
             self.spent = self.spent or bool(header.get("spent"))
+            self.stopped = self.stopped or bool(header.get("stop"))
             self.arrived.notify_all()
 
 

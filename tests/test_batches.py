@@ -195,3 +195,16 @@ def test_the_pipeline_draws_each_batch_when_its_step_begins_not_ahead():
     with epochs_of_any_length():
         model.fit(pipeline((x, y, None), Source()), epochs=1, verbose=0, shuffle=False, callbacks=[Begins()])
     assert events == [e for i in range(4) for e in (("begins", i), ("drawn", i))] + [("begins", 4)]
+
+
+def test_a_graceful_stop_tells_every_worker_waiting_for_a_batch_that_the_epoch_is_spent():
+    shard = dealing_shard()
+    ask(shard, 1)
+    ask(shard, 0)  # worker 0 holds [0, 4), worker 1 [4, 8)
+    push(shard, 0)
+    push(shard, 0)  # worker 0 has nothing left; worker 1 still holds its batch
+    assert ask(shard, 0) == {}
+    replies = shard.handle(b"k", message("control", worker="controller", action="stop"))
+    assert {ident: fields for ident, kind, _, fields in replies if ident == b"w0"} == {
+        b"w0": {"batches": [], "spent": True, "stop": True}}
+

@@ -46,6 +46,9 @@ class Dealer:
     def answer(self, shard, worker: int) -> dict | None:
         """The reply fields of `worker`'s held request, or None while it must wait."""
         epoch, dispatcher = self.asked[worker]["epoch"], self.dispatcher
+        if shard.finishing:  # a graceful stop (or ASHL's laggards): every fit ends after its current batch
+            del self.asked[worker]
+            return {"batches": [], "spent": True, "stop": True}
         if dispatcher.epoch is None or epoch > dispatcher.epoch:
             if not self._open(shard, epoch):
                 return None

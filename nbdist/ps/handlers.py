@@ -56,6 +56,8 @@ def _pull(shard, ident, worker, message):
 
 def _done(shard, ident, worker, message):
     shard.workers[worker].done = True
+    if shard.dealer is not None:  # a fit stopped early leaves the batches it held to the others
+        shard.dealer.lost(worker)
     if shard.extension is not None:
         shard.extension.on_done(shard)
     return []

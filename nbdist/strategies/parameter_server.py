@@ -96,7 +96,7 @@ class PsWorker(Worker):
                     follow = [follow_learning_rate(client, optimizer)] if leads else []
                     dealt = [dynamic_data.epoch_follower(self.dealt)] if self.dealt is not None else []
                     callbacks = [*dealt, epoch_agreement(client, exchange, self.share), *user, *follow, *own,
-                                 stop_when_asked(exchange)]
+                                 stop_when_asked(exchange, self.dealt)]
                     with dynamic_data.epochs_of_any_length():
                         history = self.train(request, exchange, data, callbacks)
                     for callback in own:

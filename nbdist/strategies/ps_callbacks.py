@@ -55,8 +55,9 @@ def follow_learning_rate(client, optimizer):
     return FollowLearningRate()
 
 
-def stop_when_asked(exchange):
-    """Ends `fit` after the batch in which the PS asked for it, as Keras' own EarlyStopping does."""
+def stop_when_asked(exchange, dealt=None):
+    """Ends `fit` after the batch in which the PS asked for it, as Keras' own EarlyStopping does (or, for a worker
+    the stop reached while it waited for a batch (`dealt`), at the end of that epoch)."""
     import keras
 
     class StopWhenAsked(keras.callbacks.Callback):
@@ -64,6 +65,10 @@ def stop_when_asked(exchange):
 
         def on_train_batch_end(self, batch, logs=None):
             if exchange.stop_asked:
+                self.model.stop_training = True
+
+        def on_epoch_end(self, epoch, logs=None):
+            if exchange.stop_asked or getattr(dealt, "stopped", False):
                 self.model.stop_training = True
 
     return StopWhenAsked()
