@@ -14,8 +14,9 @@ event): Gloo's timeout on the dead peer (5 s for elastic runs), the new rendezvo
 re-initialised, rank 0's weights broadcast, the train step traced again. Beside it, rank 0's throughput after
 the recovery, on the 2 survivors.
 The accuracy part runs one seeded cell (`--accuracy-epochs`, 3 engines) three ways per trial:
-undisturbed, its third rank killed once every rank trains (the survivors keep their own shards),
-and killed with `--restart-engines on` (the replacement takes the dead rank's shard from the
+undisturbed, its third rank killed once every rank trains (with batches on demand, the default, the
+survivors split the rest of each epoch between them; `--data static` in `--accuracy-options` for the
+survivors keeping their own shards), and killed with `--restart-engines on` (the replacement joins at an
 epoch's end after it registers), and evaluates each on 2000 test images.
 Prints a table per part, then:
     RESULT ps_recovery_s=<median seconds from the kill to the next completed push>
@@ -67,7 +68,7 @@ def trial(values: int) -> dict:
             killed = time.perf_counter()
             worker.request("push", [model], version=version)
             recovery_s = time.perf_counter() - killed
-        restart, = [e for e in service.events if e["event"] == "shard_restarted"]
+        restart, = service.restarts
         return {"live_s": live_s, "recovery_s": recovery_s, "restart_s": restart["recovery_s"]}
     finally:
         service.stop()
@@ -102,13 +103,13 @@ def hfdt_trial(ip, session) -> dict:
             "size": recovered["size"], "step": recovered["step"]}
 
 
-def accuracy_trial(ip, session, epochs: int) -> dict:
+def accuracy_trial(ip, session, epochs: int, more: str = "") -> dict:
     """Test accuracy of one seeded cell: undisturbed, its third rank killed early, and killed with the
     replacement (--restart-engines) taking the dead rank's shard from an epoch's end on."""
     accuracy = {}
     for name, options, kill in (("undisturbed", "", False), ("killed", "--restart-engines off", True),
                                 ("restarted", "--restart-engines on", True)):
-        run, _ = three_engine_run(ip, session, epochs, "--seed 3 " + options, kill)
+        run, _ = three_engine_run(ip, session, epochs, f"--seed 3 {more} {options}", kill)
         ip.run_cell("_accuracy = model.evaluate(xt, yt, verbose=0)[1]")
         accuracy[name] = float(ip.user_ns["_accuracy"])
         if name == "restarted":
@@ -117,9 +118,9 @@ def accuracy_trial(ip, session, epochs: int) -> dict:
     return accuracy
 
 
-def accuracy_part(ip, session, trials: int, epochs: int) -> tuple[float, float]:
+def accuracy_part(ip, session, trials: int, epochs: int, options: str = "") -> tuple[float, float]:
     ip.run_cell_magic("distribute", "define", TEST_DATA)
-    results = [accuracy_trial(ip, session, epochs) for _ in range(trials)]
+    results = [accuracy_trial(ip, session, epochs, options) for _ in range(trials)]
     rows = [[i, f"{r['undisturbed']:.4f}", f"{r['killed']:.4f}", f"{r['restarted']:.4f}",
              r["joined_epoch"] if r["joined_epoch"] is not None else "never"] for i, r in enumerate(results)]
     print_table(["trial", "undisturbed accuracy", "killed", "killed, replaced", "replacement's first epoch"], rows)
@@ -145,7 +146,7 @@ EPOCHS = 4
 START_WAIT_S = 180
 
 
-def hfdt_part(trials: int, samples: int, accuracy_trials: int, epochs: int) -> dict:
+def hfdt_part(trials: int, samples: int, accuracy_trials: int, epochs: int, options: str = "") -> dict:
     ip, session = notebook_shell()
     ip.run_line_magic("dist", "start -n 2")
     try:
@@ -155,7 +156,8 @@ def hfdt_part(trials: int, samples: int, accuracy_trials: int, epochs: int) -> d
                 for i, r in enumerate(results)]
         print_table(["trial", "samples/s of rank 0 after", "resumed at step", "ranks after", "kill -> next step s"],
                     rows)
-        killed, restarted = accuracy_part(ip, session, accuracy_trials, epochs) if accuracy_trials else (None, None)
+        killed, restarted = (accuracy_part(ip, session, accuracy_trials, epochs, options) if accuracy_trials
+                             else (None, None))
     finally:
         ip.run_line_magic("dist", "stop")
     return {"recovery_s": statistics.median(r["recovery_s"] for r in results), "killed": killed,
@@ -170,12 +172,13 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=6000)
     parser.add_argument("--accuracy-trials", type=int, default=3)
     parser.add_argument("--accuracy-epochs", type=int, default=8)
+    parser.add_argument("--accuracy-options", default="", help="more %%%%distribute options for the accuracy runs")
     args = parser.parse_args()
     results = [trial(args.values) for _ in range(args.trials)]
     rows = [[i, f"{r['live_s'] * 1000:.2f}", f"{r['restart_s']:.3f}", f"{r['recovery_s']:.3f}"]
             for i, r in enumerate(results)]
     print_table(["trial", "live push-pull ms", "restart (new process + checkpoint) s", "kill -> next push s"], rows)
-    hfdt = hfdt_part(args.hfdt_trials, args.samples, args.accuracy_trials, args.accuracy_epochs)
+    hfdt = hfdt_part(args.hfdt_trials, args.samples, args.accuracy_trials, args.accuracy_epochs, args.accuracy_options)
     print(f"RESULT ps_recovery_s={statistics.median(r['recovery_s'] for r in results):.3f}")
     print(f"RESULT hfdt_recovery_s={hfdt['recovery_s']:.2f}")
     if hfdt["killed"] is not None:

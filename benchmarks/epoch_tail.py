@@ -9,7 +9,7 @@ then:
     RESULT epoch_tail_fraction_static=<share of the epoch>
     RESULT epoch_tail_fraction=<share of the epoch, batches on demand>
 
-    .venv/bin/python benchmarks/epoch_tail.py [--samples 8000]
+    .venv/bin/python benchmarks/epoch_tail.py [--samples 60000]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def tail_fraction(records: list[dict], workers: int, start: float) -> tuple[floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=8000)
+    parser.add_argument("--samples", type=int, default=60000)
     parser.add_argument("--step", default="1ms+20us/sample", help="the virtual clock's step cost")
     args = parser.parse_args()
     setup = SETUPS["S3"]
