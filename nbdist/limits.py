@@ -57,7 +57,7 @@ class Limits:
     ps_monitor_s: float = 10.0  # a live shard answers the kernel's monitor
     ps_reply_s: float = 10.0  # a worker waits for a shard's reply
     ps_restart_wait_s: float = 30.0  # ... when the kernel may restart a silent shard
-    shard_worker_silence_s: float = 5.0  # a shard drops a worker it has not heard from this long
+    shard_worker_silence_s: float = 15.0  # a shard drops a worker it has not heard from this long
     start_barrier_s: float = 120.0  # the start barrier waits for a worker's first push
     # Horovod (hfdt, tensor, ASHL's sync phase)
     gloo_peer_s: float = 5.0  # a survivor waits on a dead peer before its collective fails (Gloo's default: 30)

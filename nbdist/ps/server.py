@@ -60,7 +60,8 @@ def serve(config: dict, key: bytes, ready=print) -> None:
                     detail = (f"{repr(exc)[:200]}: a message nbdist's shard did not foresee (a bug; please report "
                               "it with the traceback in the shard's stderr log); the shard goes on serving")
                     send([(ident, "rejected", None, {"reason": "internal_error", "detail": detail})])
-            send(shard.check_heartbeats(time.time()))
+            if not poller.poll(0):  # every ping that reached us is read: a shard that was itself slow drops no one
+                send(shard.check_heartbeats(time.time()))
             if os.getppid() != parent:  # whoever started us is gone: do not linger as an orphan
                 break
     finally:

@@ -7,7 +7,8 @@ Source: https://github.com/keras-team/keras-io/blob/master/examples/timeseries/t
 (hfawaz), Apache License 2.0. Adapted: the notebook writes FordA_TRAIN.tsv and FordA_TEST.tsv of generated series
 (label -1 or 1 first, as in the UCR archive; two classes of noisy sines, z-normalised) and reads them with the
 example's own `readucr` (offline), 640 + 160 series of length 128 instead of 3,601 + 1,320 of 500, 16 filters
-instead of 64, 4 epochs instead of 500; the plotting cells (matplotlib, plot_model) left out.
+instead of 64, 4 epochs instead of 500; the plotting cells (matplotlib, plot_model) left out; the notebook seeded
+(the best model by val_loss after 4 epochs is, unseeded, sometimes the first epoch's: 0.53 in one CI run).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ SETUP = [
     '''
 import keras
 import numpy as np
+
+keras.utils.set_random_seed(1)  # adapted: the shuffle and the initial weights seeded, so the check is reproducible
 ''',
     # offline: the two files of the UCR archive the example reads, written here with generated series
     '''
