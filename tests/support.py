@@ -27,6 +27,18 @@ history = model.fit(x, y, batch_size={batch}, epochs={epochs}, steps_per_epoch={
 '''
 
 
+# a definition cell: 1,536 Fashion-MNIST samples and a small MLP, for the virtual clock's runs
+VIRTUAL_MLP = '''
+import os, time, keras, numpy as np
+from nbdist.datasets import fashion_mnist
+(vx, vy), _ = fashion_mnist(limit=1536)
+vx = vx.astype("float32").reshape(-1, 784) / 255
+def vmlp():
+    return keras.Sequential([keras.Input((784,)), keras.layers.Dense(16, activation="relu"),
+                             keras.layers.Dense(10, activation="softmax")])
+'''
+
+
 def dies_at(pid: int, step: int) -> str:
     """Training-cell code defining the callback `DiesAt()`: engine process `pid` kills itself (SIGKILL) as step
     `step` (0-based, counted by the optimizer) begins, so its peers are inside that step's collectives: the same
@@ -153,9 +165,9 @@ def busy_ids(client) -> dict[int, dict]:
     busy = {eid: status[eid] for eid in sorted(client.ids)
             if eid in status and (status[eid]["queue"] or status[eid]["tasks"])}
     sent = getattr(client, "_outstanding_dict", {})  # ipyparallel's own record of what this client awaits
-    for eid, uuid in getattr(client, "_engines", {}).items():
-        if sent.get(uuid) and eid not in busy:
-            busy[eid] = {**status.get(eid, {}), "queue": len(sent[uuid])}
+    for eid, engine_uuid in getattr(client, "_engines", {}).items():
+        if sent.get(engine_uuid) and eid not in busy:
+            busy[eid] = {**status.get(eid, {}), "queue": len(sent[engine_uuid])}
     return busy
 
 
@@ -206,6 +218,20 @@ def new_engine(cluster: TestCluster) -> tuple[int, int]:
     client.wait_for_engines(len(before) + 1, timeout=scaled(90), block=True)
     eid = (set(client.ids) - before).pop()
     return eid, client[eid].apply_sync(os.getpid)
+
+
+def join_mid_run(kernel, cluster: TestCluster, options: str, cell: str) -> tuple[dict, int, object]:
+    """Start `cell` in the background with `options`, pause it once it reports a step, start an engine, wait for
+    it to join, resume and wait for the end: the `worker_joined` event, the newcomer's id and `%dist wait`'s reply."""
+    kernel.run(f"%%distribute --background {options}\n" + cell, timeout=120).check()
+    eventually(kernel, "any(p.get('epochs') for p in nbdist.last_run.progress.values())", timeout=120)
+    kernel.run("nbdist.last_run.control('pause')").check()  # the run stands still until the newcomer is in
+    newcomer, _ = new_engine(cluster)
+    joined, = eventually(kernel, "nbdist.last_run.events_of('worker_joined')", timeout=120)
+    kernel.run("nbdist.last_run.control('resume')").check()
+    reply = kernel.run("%dist wait", timeout=300).check()
+    assert joined["engine"] == newcomer and joined["rank"] == 2, joined
+    return joined, newcomer, reply
 
 
 def push_log(kernel) -> list[dict]:

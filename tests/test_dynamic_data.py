@@ -8,21 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.support import dies_at, eventually, idle_engines, new_engine, own_cluster, push_log
+from tests.support import VIRTUAL_MLP, dies_at, idle_engines, join_mid_run, own_cluster, push_log
 
 pytestmark = pytest.mark.cluster
 
 cluster = own_cluster(engines=3)  # its tests kill workers and start engines
 
-DEFINITIONS = '''
-import os, keras, numpy as np
-from nbdist.datasets import fashion_mnist
-(vx, vy), _ = fashion_mnist(limit=1536)
-vx = vx.astype("float32").reshape(-1, 784) / 255
-def vmlp():
-    return keras.Sequential([keras.Input((784,)), keras.layers.Dense(16, activation="relu"),
-                             keras.layers.Dense(10, activation="softmax")])
-'''
 CELL = '''{extra}
 model = vmlp()
 model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy")
@@ -33,7 +24,7 @@ SAMPLES = 1536
 
 @pytest.fixture(scope="module")
 def kernel(kernel):
-    kernel.run("%%distribute define --name dynamic\n" + DEFINITIONS, timeout=120).check()
+    kernel.run("%%distribute define --name dynamic\n" + VIRTUAL_MLP, timeout=120).check()
     return kernel
 
 
@@ -116,15 +107,8 @@ def test_a_worker_killed_mid_epoch_leaves_its_batch_to_the_others_and_every_epoc
 def test_an_engine_that_joins_mid_run_takes_batches_from_the_queue_that_overlap_no_ones(kernel, cluster):
     engines = idle_engines(cluster, 2)
     cell = CELL.format(extra="", epochs=4, callbacks="")
-    kernel.run(f"%%distribute --strategy nfdt --background --seed 2 --targets {','.join(map(str, engines))}\n" + cell,
-               timeout=120).check()
-    eventually(kernel, "any(p.get('epochs') for p in nbdist.last_run.progress.values())", timeout=120)
-    kernel.run("nbdist.last_run.control('pause')").check()  # the run stands still until the newcomer is in
-    newcomer, _ = new_engine(cluster)
-    joined, = eventually(kernel, "nbdist.last_run.events_of('worker_joined')", timeout=120)
-    kernel.run("nbdist.last_run.control('resume')").check()
-    kernel.run("%dist wait", timeout=300).check()
-    assert joined["engine"] == newcomer and joined["rank"] == 2, joined
+    joined, _, _ = join_mid_run(kernel, cluster, f"--strategy nfdt --seed 2 --targets {','.join(map(str, engines))}",
+                                cell)
     by_epoch = dealt_by_epoch(push_log(kernel))
     for epoch, batches in by_epoch.items():
         assert list(coverage([(s, c) for _, s, c in batches])) == [1] * SAMPLES, epoch

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from nbdist.ps import checkpoint
-from tests.support import SGD_CELL, eventually, idle_engines, new_engine, own_cluster, push_log, wait_for, within
+from tests.support import SGD_CELL, idle_engines, join_mid_run, own_cluster, push_log, wait_for, within
 
 pytestmark = pytest.mark.cluster
 cluster = own_cluster(engines=2)  # its tests kill workers and shards
@@ -123,15 +123,8 @@ def test_an_engine_started_mid_run_joins_it_with_its_pushes_applied_and_acknowle
     engines = idle_engines(cluster, 2)
     epochs = 4
     cell = SGD_CELL.format(lr=0.05, batch=32, epochs=epochs, steps="None", shuffle=True)
-    kernel.run(f"%%distribute --strategy nfdt --background --targets {','.join(map(str, engines))}\n" + cell,
-               timeout=120).check()
-    eventually(kernel, "any(p.get('epochs') for p in nbdist.last_run.progress.values())", timeout=120)
-    kernel.run("nbdist.last_run.control('pause')").check()  # the run stands still until the newcomer is in
-    newcomer, _ = new_engine(cluster)
-    joined, = eventually(kernel, "nbdist.last_run.events_of('worker_joined')", timeout=120)
-    kernel.run("nbdist.last_run.control('resume')").check()
-    reply = kernel.run("%dist wait", timeout=300).check()
-    assert joined["engine"] == newcomer and joined["rank"] == 2, joined
+    joined, newcomer, reply = join_mid_run(kernel, cluster,
+                                           f"--strategy nfdt --targets {','.join(map(str, engines))}", cell)
     assert f"engine {newcomer} (host" in reply.stdout and "joined run" in reply.stdout
     assert kernel.value("nbdist.last_run.workers") == [*engines, newcomer]
     first = joined["first_epoch"]

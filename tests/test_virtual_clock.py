@@ -5,19 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import eventually, idle_engines, push_log, wait_for
+from tests.support import VIRTUAL_MLP, eventually, idle_engines, push_log, wait_for
 
 pytestmark = pytest.mark.cluster
 
-DEFINITIONS = '''
-import os, time, keras, numpy as np
-from nbdist.datasets import fashion_mnist
-(vx, vy), _ = fashion_mnist(limit=1536)
-vx = vx.astype("float32").reshape(-1, 784) / 255
-def vmlp():
-    return keras.Sequential([keras.Input((784,)), keras.layers.Dense(16, activation="relu"),
-                             keras.layers.Dense(10, activation="softmax")])
-'''
 CELL = '''
 model = vmlp()
 model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="sparse_categorical_crossentropy")
@@ -28,7 +19,7 @@ history = model.fit(vx, vy, batch_size=32, epochs={epochs}, steps_per_epoch={ste
 @pytest.fixture(scope="module")
 def kernel(kernel, cluster):
     idle_engines(cluster, 3)
-    kernel.run("%%distribute define --name virtual\n" + DEFINITIONS, timeout=120).check()
+    kernel.run("%%distribute define --name virtual\n" + VIRTUAL_MLP, timeout=120).check()
     return kernel
 
 

@@ -79,11 +79,7 @@ class HfdtWorker(Worker):
                 with fused_steps(model, deciding, data.get("steps_per_epoch"), request.args.get("validation_steps"),
                                  allowed=not self._simulated_anywhere()), dynamic_data.epochs_of_any_length():
                     history = request.run_plain(callbacks=callbacks, verbose=0, **data)
-                _files_closed(hvd, survivor)
-                if survivor.recoveries:
-                    self.fit_timings["recoveries"] = survivor.recoveries
-                if self.scheduled is not None:
-                    self.fit_timings["batches"] = {str(e): b for e, b in self.scheduled.trained.items()}
+                self._fit_ended(hvd, survivor)
                 return history
         finally:
             control.close()
@@ -91,6 +87,14 @@ class HfdtWorker(Worker):
                 survivor.watch.stop()  # an interrupted fit ends before on_train_end would stop it
             if hvd is not None:
                 hvd.shutdown()
+
+    def _fit_ended(self, hvd, survivor) -> None:
+        """Every rank's files closed; the recoveries and the batches each epoch trained, for the run's record."""
+        _files_closed(hvd, survivor)
+        if survivor.recoveries:
+            self.fit_timings["recoveries"] = survivor.recoveries
+        if self.scheduled is not None:
+            self.fit_timings["batches"] = {str(e): b for e, b in self.scheduled.trained.items()}
 
     def _fit_data(self, request) -> dict:
         """`fit`'s arguments: under `--data dynamic` (arrays, no steps_per_epoch) every step's global batch is the

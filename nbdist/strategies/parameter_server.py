@@ -80,23 +80,10 @@ class PsWorker(Worker):
                     timed = {"x": self.arrays[0], "y": self.arrays[1]} if self.dealt is not None else data
                     _init_shards(client, model, spec, plan, names, self._step_cost(model, timed, request))
                 assign(variables, exchange.pull())
-                if self.virtual_step is not None or exchange.pulled.get("step"):
-                    self.virtual_step = StepCost(**(exchange.pulled.get("step") or self.virtual_step.to_json()))
-                    exchange.virtual = VirtualClock(self.simulated or Profile(), self.virtual_step,
-                                                    request.samples_per_step or 32)
-                self.fit_timings.update(overlap=overlap_decision(self.config.get("overlap") or "off", spec,
-                                                                 self.config.get("rule")))
-                if self.fit_timings["overlap"] == "on":
-                    exchange.overlap()
-                    if self.dealt is not None:
-                        self.dealt.depth = 2  # the next step's batch is taken before this step's answer came
+                self._tune(exchange, request, spec)
                 with apply_gradients_restored(model):
                     own = self.connect(exchange, model, variables)
-                    leads = self.rank == 0 and self.uses_ps_optimizer
-                    follow = [follow_learning_rate(client, optimizer)] if leads else []
-                    dealt = [dynamic_data.epoch_follower(self.dealt)] if self.dealt is not None else []
-                    callbacks = [*dealt, epoch_agreement(client, exchange, self.share), *user, *follow, *own,
-                                 stop_when_asked(exchange, self.dealt)]
+                    callbacks = self._callbacks(client, exchange, optimizer, user, own)
                     with dynamic_data.epochs_of_any_length():
                         history = self.train(request, exchange, data, callbacks)
                     for callback in own:
@@ -114,6 +101,28 @@ class PsWorker(Worker):
             finally:
                 exchange.abandon()  # after a failure or an interrupt (a finished fit closed it already)
                 client.close()
+
+    def _tune(self, exchange, request, spec) -> None:
+        """The exchange as the shards and the options say: the virtual clock's step cost, overlapped exchanges."""
+        if self.virtual_step is not None or exchange.pulled.get("step"):
+            self.virtual_step = StepCost(**(exchange.pulled.get("step") or self.virtual_step.to_json()))
+            exchange.virtual = VirtualClock(self.simulated or Profile(), self.virtual_step,
+                                            request.samples_per_step or 32)
+        self.fit_timings.update(overlap=overlap_decision(self.config.get("overlap") or "off", spec,
+                                                         self.config.get("rule")))
+        if self.fit_timings["overlap"] == "on":
+            exchange.overlap()
+            if self.dealt is not None:
+                self.dealt.depth = 2  # the next step's batch is taken before this step's answer came
+
+    def _callbacks(self, client, exchange, optimizer, user: list, own: list) -> list:
+        """The fit's callbacks around the user's: batches dealt, epochs agreed, the PS's learning rate followed
+        (rank 0, when the PS applies the optimizer), this strategy's own, a graceful stop."""
+        leads = self.rank == 0 and self.uses_ps_optimizer
+        follow = [follow_learning_rate(client, optimizer)] if leads else []
+        dealt = [dynamic_data.epoch_follower(self.dealt)] if self.dealt is not None else []
+        return [*dealt, epoch_agreement(client, exchange, self.share), *user, *follow, *own,
+                stop_when_asked(exchange, self.dealt)]
 
     def optimizer_spec(self, optimizer) -> rules.OptimizerSpec:
         """What the PS needs of the cell's optimizer; the delay rules refuse all but SGD."""

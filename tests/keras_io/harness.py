@@ -45,6 +45,13 @@ class Refused:
     says: str
 
 
+def data_parallel_only(pipeline: str, tensor: str = "keras.Sequential") -> dict:
+    """OUTCOMES of an example that trains under local, hfdt and nfdt and that model parallelism refuses saying
+    `pipeline` and `tensor`."""
+    return {"local": Trains(), "hfdt": Trains(), "nfdt": Trains(),
+            "pipeline": Refused(pipeline), "tensor": Refused(tensor)}
+
+
 def distributed(cell: str, strategy: str) -> str:
     return cell.replace("%%distribute {line}", f"%%distribute {LINES[strategy]}", 1)
 

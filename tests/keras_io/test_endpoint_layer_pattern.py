@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tests.keras_io.harness import STRATEGIES, Refused, Trains, history, run_example
+from tests.keras_io.harness import STRATEGIES, data_parallel_only, history, run_example
 
 SOURCE = "keras-team/keras-io examples/keras_recipes/endpoint_layer_pattern.py"
 LICENCE = "Apache-2.0"
@@ -107,13 +107,7 @@ model.fit(data, epochs=2)
 ''',
 ]
 
-OUTCOMES = {
-    "local": Trains(),
-    "hfdt": Trains(),
-    "nfdt": Trains(),
-    "pipeline": Refused("reads the training data as arrays"),
-    "tensor": Refused("keras.Sequential"),
-}
+OUTCOMES = data_parallel_only(pipeline="reads the training data as arrays")
 MODEL = "model"
 
 

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.keras_io.harness import STRATEGIES, Refused, Trains, history, run_example
+from tests.keras_io.harness import STRATEGIES, data_parallel_only, history, run_example
 
 SOURCE = ("keras-team/keras-io examples/structured_data/"
           "structured_data_classification_with_feature_space.py")
@@ -180,13 +180,7 @@ print(
 ''',
 ]
 
-OUTCOMES = {
-    "local": Trains(),
-    "hfdt": Trains(),
-    "nfdt": Trains(),
-    "pipeline": Refused("reads the training data as arrays"),
-    "tensor": Refused("keras.Sequential"),
-}
+OUTCOMES = data_parallel_only(pipeline="reads the training data as arrays")
 MODEL = "training_model"
 
 

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from tests.keras_io.harness import STRATEGIES, Refused, Trains, history, run_example
+from tests.keras_io.harness import STRATEGIES, data_parallel_only, history, run_example
 
 SOURCE = "keras-team/keras-io examples/timeseries/timeseries_classification_from_scratch.py"
 LICENCE = "Apache-2.0"
@@ -149,13 +149,7 @@ train_curve, val_curve = history.history[metric], history.history["val_" + metri
 ''',
 ]
 
-OUTCOMES = {
-    "local": Trains(),
-    "hfdt": Trains(),
-    "nfdt": Trains(),
-    "pipeline": Refused("cannot run ModelCheckpoint"),
-    "tensor": Refused("keras.Sequential"),
-}
+OUTCOMES = data_parallel_only(pipeline="cannot run ModelCheckpoint")
 MODEL = "model"
 FILES = ["best_model.keras"]
 
