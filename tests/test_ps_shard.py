@@ -242,6 +242,33 @@ def test_concurrent_pushes_of_large_arrays_all_get_intact_replies():
         launcher.stop_shard(info["pid"])
 
 
+RMSPROP = {"name": "keras", "learning_rate": 0.01, "kind": "RMSprop",
+           "keras": {"module": "keras.optimizers", "class_name": "RMSprop", "config": {"learning_rate": 0.01},
+                     "registered_name": None}}
+
+
+@pytest.mark.cluster  # starts processes
+def test_a_shard_slow_to_handle_one_message_drops_no_worker_whose_pings_waited_for_it():
+    """A shard judges silence only once it has read every ping that reached it. Handling the `init` of a Keras
+    optimizer imports TensorFlow in the shard (3 to 13 s on this 2-core machine, longer than the 3 s silence limit
+    set here): the worker pinged all along, so its next request is answered (CI once dropped such a worker)."""
+    from nbdist.ps.client import PsClient
+
+    info = launcher.start_shard({"shard": 0, "workers": 1, "heartbeat_timeout_s": 3.0}, KEY)
+    address = [f"tcp://127.0.0.1:{info['port']}"]
+    try:
+        with PsClient(address, KEY, 0, ps_timeout_s=120) as client:
+            client.request("init", [W0], optimizer=RMSPROP, trainable=list(W0))
+            pulled = client.request("pull")[0]  # refused "worker 0 was dropped as dead" before
+            np.testing.assert_array_equal(pulled.arrays["dense/kernel"], W0["dense/kernel"])
+            events = client.request("stats")[0].header["events"]
+        assert [e for e in events if e["event"] == "worker_dropped"] == []
+    finally:
+        with PsClient(address, KEY, "controller", heartbeat=False) as controller:
+            controller.request("stop")
+        launcher.stop_shard(info["pid"])
+
+
 @pytest.mark.cluster  # starts processes
 def test_a_nan_gradient_is_skipped_by_the_worker_and_repeated_ones_stop_it():
     from nbdist.ps.client import PsClient
