@@ -7,13 +7,15 @@ decides the replies) until told to stop or until whoever started it is gone.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 
-from . import wire
+from . import rules, wire
 from .shard import Shard
 from .zero_copy import frames as reply_frames
 
@@ -42,24 +44,32 @@ def serve(config: dict, key: bytes, ready=print) -> None:
             socket.send_multipart([ident, *encoded[:2], *buffers], copy=False)
             shard.shared.sent(list((arrays or {}).values()), trackers)
 
+    def answer(ident: bytes, body: list, message: wire.Message | None = None):
+        try:
+            if message is None:
+                message = wire.decode(key, body, max_bytes=shard.max_bytes)
+                replays.check(message.header)
+                if keras_import.defers(shard, ident, body, message):
+                    return
+            send(shard.handle(ident, message))
+        except wire.Rejected as exc:
+            shard.reject(exc.reason, str(exc), _claimed_worker(body))
+            send([(ident, "rejected", None, {"reason": exc.reason, "detail": str(exc)[:300]})])
+        except Exception as exc:  # noqa: BLE001 - one message the rules did not foresee must not end the run
+            traceback.print_exc()
+            shard.reject("internal_error", repr(exc), _claimed_worker(body))
+            detail = (f"{repr(exc)[:200]}: a message nbdist's shard did not foresee (a bug; please report "
+                      "it with the traceback in the shard's stderr log); the shard goes on serving")
+            send([(ident, "rejected", None, {"reason": "internal_error", "detail": detail})])
+
+    keras_import = KerasImport()
     try:
         while not shard.stopping:
             if poller.poll(POLL_MS):
                 received = socket.recv_multipart(copy=False)
-                ident, body = received[0].bytes, received[1:]
-                try:
-                    message = wire.decode(key, body, max_bytes=shard.max_bytes)
-                    replays.check(message.header)
-                    send(shard.handle(ident, message))
-                except wire.Rejected as exc:
-                    shard.reject(exc.reason, str(exc), _claimed_worker(body))
-                    send([(ident, "rejected", None, {"reason": exc.reason, "detail": str(exc)[:300]})])
-                except Exception as exc:  # noqa: BLE001 - one message the rules did not foresee must not end the run
-                    traceback.print_exc()
-                    shard.reject("internal_error", repr(exc), _claimed_worker(body))
-                    detail = (f"{repr(exc)[:200]}: a message nbdist's shard did not foresee (a bug; please report "
-                              "it with the traceback in the shard's stderr log); the shard goes on serving")
-                    send([(ident, "rejected", None, {"reason": "internal_error", "detail": detail})])
+                answer(received[0].bytes, received[1:])
+            for deferred in keras_import.ready():
+                answer(*deferred)
             if not poller.poll(0):  # every ping that reached us is read: a shard that was itself slow drops no one
                 send(shard.check_heartbeats(time.time()))
             if os.getppid() != parent:  # whoever started us is gone: do not linger as an orphan
@@ -68,6 +78,40 @@ def serve(config: dict, key: bytes, ready=print) -> None:
         shard.log.close()
         socket.close()
         context.term()
+
+
+class KerasImport:
+    """Importing Keras (and TensorFlow) takes seconds: 13 on a loaded 2-core machine, longer than a worker or the
+    kernel waits for an answer. An `init` whose optimizer needs Keras waits while a thread imports it; the loop
+    goes on answering pings and the kernel's monitor meanwhile."""
+
+    def __init__(self):
+        self.thread: threading.Thread | None = None
+        self.waiting: list[tuple] = []
+
+    def defers(self, shard: Shard, ident: bytes, body: list, message: wire.Message) -> bool:
+        """Whether `message` waits for the import (started now if it has not been)."""
+        if message.kind != "init" or "keras" in sys.modules and self.thread is None:
+            return False
+        if not (self.thread is not None or _needs_keras(shard, message.header.get("optimizer") or {})):
+            return False
+        if self.thread is None:
+            self.thread = threading.Thread(target=importlib.import_module, args=("keras",), daemon=True)
+            self.thread.start()
+        self.waiting.append((ident, body, message))
+        return True
+
+    def ready(self) -> list[tuple]:
+        """The deferred messages, once the import ended (a failed import fails them as the loop would)."""
+        if self.thread is None or self.thread.is_alive():
+            return []
+        waiting, self.waiting, self.thread = self.waiting, [], None
+        return waiting
+
+
+def _needs_keras(shard: Shard, optimizer: dict) -> bool:
+    return (optimizer.get("name") == rules.KERAS or optimizer.get("schedule") is not None
+            or shard.optimizer_backend == "keras")
 
 
 def _bind(socket, config: dict) -> int:
