@@ -120,6 +120,7 @@ class StageSteps:
         self.latest_logs: dict = {}
         self.busy_s = self.step_s = 0.0
         self.control = None
+        self._functions: dict = {}
 
     def _micro_batches(self, data):
         indices = _indices(data)
@@ -175,11 +176,13 @@ class StageSteps:
         with tf.GradientTape(watch_accessed_variables=training) as tape:
             if not position.first:
                 tape.watch(x)
-            y = model(x, training=training)
             if position.last:
-                target = self._loss(model, source, part_indices, y, weight, training)
+                labels = (gather(source["y"], part_indices), gather(source.get("sample_weight"), part_indices))
+                y, loss = self._compiled(model, training, True)(x, *labels)
+                target = loss * weight
             else:
-                target = tf.add_n(model.losses) * weight if model.losses else None
+                y, regularization = self._compiled(model, training, False)(x)
+                target = regularization * weight if regularization is not None else None
         if not position.last:
             own = float(target) if target is not None else 0.0
             self.links.send(position.down, ACT, step, m, np.asarray(y), reg=carried + own)
@@ -187,14 +190,28 @@ class StageSteps:
             self.busy_s += time.perf_counter() - t0
         return (tape, x, y, target), (float(target) + carried if position.last else 0.0)
 
-    @staticmethod
-    def _loss(model, source, part_indices, y_pred, weight, training):
-        y = gather(source["y"], part_indices)
-        sample_weight = gather(source.get("sample_weight"), part_indices)
-        if model._compile_metrics is not None:
-            model._compile_metrics.update_state(y, y_pred, sample_weight)
-        loss = model._compute_loss(x=None, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
-        return loss * weight
+    def _compiled(self, model, training: bool, last: bool):
+        """The stage's forward as one TensorFlow function, traced once per micro-batch shape, as Keras' own
+        train function holds a whole step: the last stage's returns (output, loss) and updates the compiled
+        metrics, the others' (output, the sum of the layers' own losses or None). Under the step's tape the
+        backward is one function too: a micro-batch costs two calls, not an eager op per layer and gradient."""
+        import tensorflow as tf
+
+        key = (training, last)
+        if key not in self._functions:
+            def forward(x):
+                y = model(x, training=training)
+                return y, (tf.add_n(model.losses) if model.losses else None)
+
+            def forward_to_loss(x, y, sample_weight):
+                y_pred = model(x, training=training)
+                if model._compile_metrics is not None:
+                    model._compile_metrics.update_state(y, y_pred, sample_weight)
+                return y_pred, model._compute_loss(x=None, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                                   training=training)
+
+            self._functions[key] = tf.function(forward_to_loss if last else forward, reduce_retracing=True)
+        return self._functions[key]
 
     def _backward(self, model, step, m, held):
         import tensorflow as tf
