@@ -1,17 +1,20 @@
 """`--strategy pipeline` against `local` on the same engines: bubble, per-stage memory, throughput.
 
 One MLP on Fashion-MNIST whose two halves cost the same (the theory assumes equal stages), K = 2
-stages, M in {1, 2, 4, 8} micro-batches (1F1B): each stage's
-measured idle fraction (1 - busy / step time) against the theory (K-1)/(M+K-1); each stage's
-variable + optimizer-slot bytes against a local run's; samples/s against `local` (2 cores cannot
-show a speed-up: this records the cost). Then a model with over 1 GB of variables trained for a
-few steps, K = 2, on fresh engines: each engine's peak resident memory against a local run's.
+stages, M in {1, 2, 4, 8} micro-batches (1F1B): each stage's measured idle fraction (1 - busy / step
+time) against the theory (K-1)/(M+K-1); each stage's variable + optimizer-slot bytes against a local
+run's; samples/s against `local` (2 cores cannot show a speed-up: this records the cost). Then the
+step time against `local` at batch 256 and 64 (M = 4). Then a model with over 1 GB of variables
+trained for a few steps, K = 2, on fresh engines: each engine's peak resident memory against a local
+run's.
 
     .venv/bin/python benchmarks/pipeline.py [--samples 8192 --batch 1024 --epochs 3 --big-steps 3]
 
 Ends with:
     RESULT pipeline_bubble_excess=<measured minus theory, at M=8>
     RESULT pipeline_stage_memory_ratio=<largest stage's variable + slot bytes / local's>
+    RESULT pipeline_step_ratio=<pipeline step time / local's, batch 256, M = 4>
+    RESULT pipeline_step_ratio_b64=<the same at batch 64>
     RESULT pipeline_big_peak_rss_ratio=<largest stage engine's peak RSS / the local engine's, 1 GB model>
 """
 
@@ -86,6 +89,21 @@ def bubble_rows(ip, session, args) -> tuple[list, float, float]:
     return rows, excess, memory
 
 
+def step_ratios(ip, session, args) -> tuple[list, dict]:
+    """Pipeline (K = 2, M = 4, 1F1B) against local on the same engines, at batch 256 and 64: the steady step
+    time's ratio (local samples/s over pipeline samples/s)."""
+    rows, ratios = [], {}
+    for batch in (256, 64):
+        cell = CELL.format(batch=batch, epochs=args.epochs)
+        ip.run_cell_magic("distribute", "--strategy local --targets 0 --progress none", cell)
+        local_rate = steady_rate(session.last_run)
+        ip.run_cell_magic("distribute", "--strategy pipeline --targets 0,1 --microbatches 4 --progress none", cell)
+        rate = steady_rate(session.last_run)
+        ratios[batch] = local_rate / rate
+        rows.append([batch, f"{1000 * batch / local_rate:.2f}", f"{1000 * batch / rate:.2f}", f"{ratios[batch]:.3f}"])
+    return rows, ratios
+
+
 def big_model(ip, session, args) -> tuple[list, float]:
     ip.run_line_magic("dist", "stop")
     ip.run_line_magic("dist", "start -n 3")
@@ -125,6 +143,9 @@ def main() -> None:
         print(f"\nK=2, 1F1B, batch {args.batch}, {args.samples} samples, {args.epochs} epochs (Adam)")
         print_table(["micro-batches", "bubble measured", "theory", "excess", "stage MB (vars+slots)", "local MB",
                      "pipeline samples/s", "local samples/s"], rows)
+        step_rows, ratios = step_ratios(ip, session, args)
+        print(f"\nK=2, M=4, 1F1B against local on engine 0 ({args.samples} samples, {args.epochs} epochs, Adam)")
+        print_table(["batch", "local step ms", "pipeline step ms", "ratio"], step_rows)
         big_rows, rss_ratio = big_model(ip, session, args)
         print(f"\n1.07 GB model (4 x Dense 8192x8192), K=2, {args.big_steps} steps of batch 8, fresh engines")
         print_table(["engine", "RSS before MB", "peak RSS MB", "variables held MB", "cell s"], big_rows)
@@ -132,6 +153,8 @@ def main() -> None:
         ip.run_line_magic("dist", "stop")
     print(f"RESULT pipeline_bubble_excess={excess:.3f}")
     print(f"RESULT pipeline_stage_memory_ratio={memory:.3f}")
+    print(f"RESULT pipeline_step_ratio={ratios[256]:.3f}")
+    print(f"RESULT pipeline_step_ratio_b64={ratios[64]:.3f}")
     print(f"RESULT pipeline_big_peak_rss_ratio={rss_ratio:.3f}")
 
 
