@@ -15,6 +15,17 @@ from ..learning_rate import schedule_of
 from ..optimizer_state import ITERATIONS
 
 
+def warm_up() -> None:
+    """Import Keras and run one traced optimizer step on a throwaway variable. A process's first trace pays for
+    TensorFlow's lazy loading (seconds on a loaded machine): a shard does it in a thread while it answers on."""
+    import keras
+    import tensorflow as tf
+
+    variable = keras.Variable(np.zeros(1, np.float32))
+    optimizer = keras.optimizers.SGD(0.0)
+    tf.function(lambda grad: optimizer.apply([grad], [variable]))(tf.zeros(1))
+
+
 class KerasUpdater:
     """The updater (see `nbdist.ps.updaters`) that hands each gradient to a Keras optimizer."""
 

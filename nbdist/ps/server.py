@@ -7,7 +7,6 @@ decides the replies) until told to stop or until whoever started it is gone.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
@@ -81,9 +80,9 @@ def serve(config: dict, key: bytes, ready=print) -> None:
 
 
 class KerasImport:
-    """Importing Keras (and TensorFlow) takes seconds: 13 on a loaded 2-core machine, longer than a worker or the
-    kernel waits for an answer. An `init` whose optimizer needs Keras waits while a thread imports it; the loop
-    goes on answering pings and the kernel's monitor meanwhile."""
+    """Importing Keras (and TensorFlow) and tracing a first step take seconds: 13 on a loaded 2-core machine,
+    longer than a worker or the kernel waits for an answer. An `init` whose optimizer needs Keras waits while a
+    thread does both (`keras_updater.warm_up`); the loop goes on answering pings and the kernel's monitor."""
 
     def __init__(self):
         self.thread: threading.Thread | None = None
@@ -96,7 +95,7 @@ class KerasImport:
         if not (self.thread is not None or _needs_keras(shard, message.header.get("optimizer") or {})):
             return False
         if self.thread is None:
-            self.thread = threading.Thread(target=importlib.import_module, args=("keras",), daemon=True)
+            self.thread = threading.Thread(target=_warm_keras, daemon=True)
             self.thread.start()
         self.waiting.append((ident, body, message))
         return True
@@ -107,6 +106,12 @@ class KerasImport:
             return []
         waiting, self.waiting, self.thread = self.waiting, [], None
         return waiting
+
+
+def _warm_keras() -> None:
+    from .keras_updater import warm_up
+
+    warm_up()
 
 
 def _needs_keras(shard: Shard, optimizer: dict) -> bool:
