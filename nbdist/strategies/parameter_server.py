@@ -354,8 +354,10 @@ class PsStrategy(Strategy):
 
     def shard_restarts(self, settings: dict) -> int:
         """--ps-restarts as the shards apply it: none on the virtual clock (a restarted shard would not know
-        the workers' simulated times) or with a shard extension (ASHL's allocation and phase live there)."""
-        if self.clock == "virtual" or settings.get("extension"):
+        the workers' simulated times), with a shard extension (ASHL's allocation and phase live there) or with
+        batches on demand (shard 0's dealing is not in its checkpoint: a restarted dealer left the workers
+        waiting; the run fails with its checkpoint instead, and `--resume` continues from it)."""
+        if self.clock == "virtual" or settings.get("extension") or settings.get("data"):
             return 0
         return self.value("ps_restarts")
 
