@@ -90,11 +90,11 @@ class KerasImport:
 
     def defers(self, shard: Shard, ident: bytes, body: list, message: wire.Message) -> bool:
         """Whether `message` waits for the import (started now if it has not been)."""
-        if message.kind != "init" or "keras" in sys.modules and self.thread is None:
+        if message.kind != "init":
             return False
-        if not (self.thread is not None or _needs_keras(shard, message.header.get("optimizer") or {})):
-            return False
-        if self.thread is None:
+        if self.thread is None:  # no import under way: start one if this init needs Keras and it is not there
+            if "keras" in sys.modules or not _needs_keras(shard, message.header.get("optimizer") or {}):
+                return False
             self.thread = threading.Thread(target=_warm_keras, daemon=True)
             self.thread.start()
         self.waiting.append((ident, body, message))
