@@ -46,11 +46,13 @@ CELL = textwrap.dedent('''
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     history = model.fit(x, y, batch_size={batch}, epochs={epochs}, shuffle=False, verbose=0)
 ''')
+BIG_DEFINITION = textwrap.dedent('''
+    big = build_big()  # defined, so the notebook holds it: a stage's engine builds it empty and fills its part
+    big.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+''')
 BIG_CELL = textwrap.dedent('''
     xb = np.random.default_rng(0).random(({batch}, 8192), np.float32); yb = np.arange({batch}) % 10
-    model = build_big()
-    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    history = model.fit(xb, yb, batch_size=8, epochs=1, verbose=0)
+    history = big.fit(xb, yb, batch_size=8, epochs=1, verbose=0)
 ''')
 
 
@@ -108,6 +110,7 @@ def big_model(ip, session, args) -> tuple[list, float]:
     ip.run_line_magic("dist", "stop")
     ip.run_line_magic("dist", "start -n 3")
     ip.run_cell_magic("distribute", "define", DEFINITION.format(samples=args.samples))
+    ip.run_cell_magic("distribute", "define", BIG_DEFINITION)
     client = session.cluster.client
     pids = {eid: client[eid].apply_sync(os.getpid) for eid in (0, 1, 2)}
     before = {eid: peak_rss_mb(pid) for eid, pid in pids.items()}

@@ -48,6 +48,11 @@ class EngineDied(EngineFailure):
     """An engine process died (or stopped answering) during a run."""
 
 
+# what an engine's death with no error of its own usually means
+KILLED_FROM_OUTSIDE = ("its process ended with no error from it (the usual cause: the out-of-memory killer, when the "
+                       "host's memory or the engine's memory limit ran out; `dmesg` on that host says)")
+
+
 class CollectiveStalled(EngineFailure):
     """A synchronous step waited past --stall-timeout for ranks that never submitted their tensors."""
 

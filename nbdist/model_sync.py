@@ -89,6 +89,7 @@ class ModelState:
     trainable: list
     compile: dict = field(default_factory=dict)
     optimizer: list | None = None  # the optimizer's variables, when it has been built
+    trainable_count: int = 0  # how many trainable variables the optimizer's slots follow
 
     @classmethod
     def of(cls, model) -> "ModelState":
@@ -97,19 +98,31 @@ class ModelState:
         return cls(architecture(model), [np.asarray(w) for w in model.get_weights()],
                    [bool(layer.trainable) for layer in _layers(model)],
                    model.get_compile_config() if model.compiled else {},
-                   [np.asarray(v.numpy()) for v in optimizer.variables] if built else None)
+                   [np.asarray(v.numpy()) for v in optimizer.variables] if built else None,
+                   len(model.trainable_variables))
 
     @property
     def compile_text(self) -> str:
-        """The compile configuration as text, without the optimizer's name (Keras numbers names per
-        process, sgd, sgd_1, ...: the same optimizer reads differently on two engines)."""
-        config = json.loads(json.dumps(self.compile, default=str))
-        optimizer = config.get("optimizer")
-        if isinstance(optimizer, dict) and isinstance(optimizer.get("config"), dict):
-            optimizer["config"].pop("name", None)
-        return json.dumps(config, sort_keys=True)
+        return compile_text(self.compile)
 
-    def digest(self) -> str:
+    def settings(self) -> "ModelState":
+        """This state without the values: what an engine that fills only its own part of the model gets
+        (trainable flags and compile configuration)."""
+        return ModelState(self.architecture, None, self.trainable, self.compile, None, self.trainable_count)
+
+    def part(self, weight_index: list[int], trainable_index: list[int], prefix: int) -> tuple[list, list | None]:
+        """The values of the weights at `weight_index` and, where the optimizer was built, its first `prefix`
+        variables (iterations, learning rate) then the slots of the trainable variables at `trainable_index`
+        (Keras keeps each variable's slots together, in the order of the trainable variables)."""
+        weights = [self.weights[i] for i in weight_index]
+        trainable = self.trainable_count
+        if self.optimizer is None or not trainable or (len(self.optimizer) - prefix) % trainable:
+            return weights, None
+        per = (len(self.optimizer) - prefix) // trainable
+        slots = [self.optimizer[prefix + i * per + k] for i in trainable_index for k in range(per)]
+        return weights, list(self.optimizer[:prefix]) + slots
+
+    def digest(self) -> str:  # (of a state with values)
         h = hashlib.sha256(self.architecture.encode())
         for array in self.weights + (self.optimizer or []):
             h.update(np.ascontiguousarray(array).tobytes())
@@ -120,13 +133,25 @@ class ModelState:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.weights + (self.optimizer or []))
+        return sum(a.nbytes for a in (self.weights or []) + (self.optimizer or []))
+
+
+def compile_text(config: dict) -> str:
+    """A compile configuration as text, without the optimizer's name (Keras numbers names per process, sgd,
+    sgd_1, ...: the same optimizer reads differently on two engines)."""
+    config = json.loads(json.dumps(config, default=str))
+    optimizer = config.get("optimizer")
+    if isinstance(optimizer, dict) and isinstance(optimizer.get("config"), dict):
+        optimizer["config"].pop("name", None)
+    return json.dumps(config, sort_keys=True)
 
 
 def digests(names: list[str]) -> dict:
-    """Engine side: {name: (architecture, digest)} of this engine's models of these names (None if absent)."""
+    """Engine side: {name: (architecture, digest)} of this engine's models of these names (None if absent); the
+    digest is None where the model's weights are not all here (made empty, see `nbdist.empty_weights`)."""
     import keras
 
+    from .empty_weights import any_empty
     from .namespace import user_namespace
 
     namespace = user_namespace()
@@ -134,19 +159,23 @@ def digests(names: list[str]) -> dict:
     for name in names:
         model = namespace.get(name)
         usable = isinstance(model, keras.Model) and not getattr(model, "_nbdist_released", False)  # (pipeline)
-        out[name] = (architecture(model), ModelState.of(model).digest()) if usable else None
+        whole = usable and not any_empty(model.weights)
+        out[name] = (architecture(model), ModelState.of(model).digest() if whole else None) if usable else None
     return out
 
 
 def install(name: str, state: ModelState) -> None:
-    """Engine side: make this engine's model `name` the notebook's (same architecture assumed)."""
+    """Engine side: make this engine's model `name` the notebook's (same architecture assumed); a state without
+    values (`ModelState.settings`) sets the trainable flags and the compile configuration only."""
+    from .empty_weights import fill
     from .namespace import user_namespace
 
     model = user_namespace()[name]
     for layer, trainable in zip(_layers(model), state.trainable):
         layer.trainable = trainable
-    model.set_weights(state.weights)
-    if state.compile and (not model.compiled or ModelState.of(model).compile_text != state.compile_text):
+    for variable, value in zip(model.weights, state.weights or []):
+        fill(variable, value)  # (model.set_weights, for weights made empty too)
+    if state.compile and (not model.compiled or compile_text(model.get_compile_config()) != state.compile_text):
         model.compile_from_config(state.compile)
     if state.optimizer is not None:
         optimizer = model.optimizer
@@ -158,6 +187,26 @@ def install(name: str, state: ModelState) -> None:
     model.train_function = None  # retraced: the trainable set or the optimizer may have changed
 
 
+def skeleton(model) -> dict:
+    """The model without its values: what Keras saves of it besides the weights (layers, build, compile)."""
+    import keras
+
+    return keras.saving.serialize_keras_object(model)
+
+
+def receive_skeleton(name: str, config: dict) -> None:
+    """Engine side: the model `name` built from its `skeleton`, its layer weights empty (`nbdist.empty_weights`)."""
+    import keras
+
+    from .empty_weights import weights_without_values
+    from .namespace import NAMES_VAR, user_namespace
+
+    namespace = user_namespace()
+    with keras.saving.custom_object_scope(_notebook_classes(namespace)), weights_without_values():
+        namespace[name] = keras.saving.deserialize_keras_object(config)
+    namespace.setdefault(NAMES_VAR, set()).add(name)
+
+
 def receive(name: str, blob: bytes) -> None:
     """Engine side: the whole model, as Keras pickles it (its own saving format inside)."""
     import pickle
@@ -167,9 +216,12 @@ def receive(name: str, blob: bytes) -> None:
     from .namespace import NAMES_VAR, user_namespace
 
     namespace = user_namespace()
-    # the notebook's own classes (layers, models, losses it defined, brought here before the model) by their
-    # names: Keras looks an unregistered class up in its module, __main__, which is not where a cell defines it
-    own = {k: v for k, v in namespace.items() if isinstance(v, type) and v.__module__ == "__main__"}
-    with keras.saving.custom_object_scope(own):
+    with keras.saving.custom_object_scope(_notebook_classes(namespace)):
         namespace[name] = pickle.loads(blob)
     namespace.setdefault(NAMES_VAR, set()).add(name)  # released with the names the cells bound
+
+
+def _notebook_classes(namespace: dict) -> dict:
+    """The notebook's own classes (layers, models, losses it defined, brought here before the model) by their
+    names: Keras looks an unregistered class up in its module, __main__, which is not where a cell defines it."""
+    return {k: v for k, v in namespace.items() if isinstance(v, type) and v.__module__ == "__main__"}

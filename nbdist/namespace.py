@@ -74,10 +74,14 @@ def forget(keys: list[str]) -> None:
         _shell().user_ns.get(DEFINITIONS_VAR, {}).pop(key, None)
 
 
-def run_definition(key: str, digest: str, source: str, index, cwd: str | None = None) -> None:
+def run_definition(key: str, digest: str, source: str, index, cwd: str | None = None,
+                   empty_weights: bool = False) -> None:
     """Run one recorded definition cell and remember its digest; in the notebook's working directory `cwd`
-    where this engine sees it (its relative paths then mean what they mean in the notebook)."""
-    with working_directory(cwd):
+    where this engine sees it (its relative paths then mean what they mean in the notebook). With
+    `empty_weights` (a model-parallel run) the layers it builds get weights without values (`nbdist.empty_weights`)."""
+    from .empty_weights import weights_without_values
+
+    with working_directory(cwd), (weights_without_values() if empty_weights else contextlib.nullcontext()):
         run_source(source, f"<nbdist definition cell {index}>")
     _shell().user_ns.setdefault(DEFINITIONS_VAR, {})[key] = digest
 

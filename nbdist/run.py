@@ -374,10 +374,7 @@ def _wait(run: Run, cluster: ClusterHandle, strategy, pending: dict, on_progress
                     run.logs[eid] = _logs(ar)
                     run.results[eid] = _result(run, cluster, eid, ar)
                 elif not cluster.is_alive(eid, alive):
-                    raise errors.EngineDied(
-                        f"{_who(run, cluster, eid)} died during run {run.id} "
-                        f"after {time.time() - run.started_at:.1f} s; the run was stopped on the other engines."
-                    )
+                    raise errors.EngineDied(f"{_died(run, cluster, eid)}; the run was stopped on the other engines.")
             except errors.EngineDied as exc:
                 dead = {e["engine"] for e in run.events_of("worker_died")} | {eid}
                 if not strategy.continues_without(run, cluster, eid, [e for e in run.workers if e not in dead]):
@@ -406,8 +403,7 @@ def _died_meanwhile(run: Run, cluster: ClusterHandle, eid: int, exc: errors.Engi
     dead = [e for e in run.workers if e != eid and e not in run.results and not cluster.is_alive(e, alive)]
     if not dead:
         return exc
-    return errors.EngineDied(f"{_who(run, cluster, dead[0])} died during run {run.id} after "
-                             f"{time.time() - run.started_at:.1f} s; the run was stopped on the other engines. "
+    return errors.EngineDied(f"{_died(run, cluster, dead[0])}; the run was stopped on the other engines. "
                              f"{_consequence(run, cluster, eid, exc)}")
 
 
@@ -438,6 +434,12 @@ def _result(run: Run, cluster: ClusterHandle, eid: int, ar) -> list[FitResult]:
         raise _engine_error(cluster, eid, exc) from None
     except ipp.error.EngineError:
         raise errors.EngineDied(f"{_who(run, cluster, eid)} died during run {run.id}.") from None
+
+
+def _died(run: Run, cluster: ClusterHandle, eid: int) -> str:
+    """The sentence for an engine whose process ended without an error of its own."""
+    return (f"{_who(run, cluster, eid)} died during run {run.id} after {time.time() - run.started_at:.1f} s, "
+            f"{errors.KILLED_FROM_OUTSIDE}")
 
 
 def _who(run: Run, cluster: ClusterHandle, eid: int) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from . import bring, lifeline, namespace
 from . import run as runs
 from .cluster import ClusterHandle
-from .errors import ClusterError, DefinitionFailed, NbdistError, OptionError
+from .errors import KILLED_FROM_OUTSIDE, ClusterError, DefinitionFailed, EngineDied, NbdistError, OptionError
 from .keras_bridge import install_result, intercept_fit
 from .limits import LIMITS
 from .strategies import make_strategy
@@ -110,8 +110,9 @@ class Session:
         self.changed("definitions")
         return definition
 
-    def sync_definitions(self, engine_ids: list[int]) -> None:
-        """Replay, in order, every definition an engine lacks or has in an older text."""
+    def sync_definitions(self, engine_ids: list[int], empty_weights: bool = False) -> None:
+        """Replay, in order, every definition an engine lacks or has in an older text; with `empty_weights`, its
+        layers' weights made without values (`nbdist.empty_weights`)."""
         if not self.definitions:
             return
         cluster = self.require_cluster()
@@ -120,20 +121,28 @@ class Session:
         for definition in sorted(self.definitions.values(), key=lambda d: d.index):
             targets = [eid for eid in engine_ids if have[eid].get(definition.key) != definition.digest]
             calls = {eid: cluster.client[eid].apply_async(
-                namespace.run_definition, definition.key, definition.digest, definition.source, definition.index)
-                for eid in targets}
+                namespace.run_definition, definition.key, definition.digest, definition.source, definition.index,
+                empty_weights=empty_weights) for eid in targets}
             for eid, ar in calls.items():
                 self._raise_definition_error(cluster, eid, ar, definition)
 
-    def sync_models(self, cell: str, engine_ids: list[int]) -> dict:
+    def models_used(self, cell: str) -> dict:
+        """{name: model} of the notebook's Keras models the cell uses."""
+        from . import model_sync
+
+        python = self.shell.transform_cell(cell) if self.shell is not None else cell
+        return model_sync.models_used(python, self.shell.user_ns) if self.shell is not None else {}
+
+    def sync_models(self, cell: str, engine_ids: list[int], values: bool = True) -> dict:
         """Give the engines the notebook's state of every Keras model the cell uses (see `model_sync`);
-        returns the bytes sent, {"model_bytes": n, "models": {name: [engine ids]}}."""
+        returns the bytes sent, {"model_bytes": n, "models": {name: [engine ids]}}. Without `values` (a
+        model-parallel run, whose engines fetch their own parts) an engine gets the model's settings, or
+        its skeleton where it has no copy."""
         import pickle
 
         from . import model_sync
 
-        python = self.shell.transform_cell(cell) if self.shell is not None else cell
-        used = model_sync.models_used(python, self.shell.user_ns) if self.shell is not None else {}
+        used = self.models_used(cell)
         sent = {"model_bytes": 0, "models": {}}
         if not used:
             return sent
@@ -153,10 +162,15 @@ class Session:
                     # the statements that made it run there again (the bring plan), its state installed after
                     calls.append((eid, cluster.client[eid].apply_async(namespace.forget, [f"bring:{name}"])))
                     continue
-                if theirs is None or theirs[0] != state.architecture:
+                if (theirs is None or theirs[0] != state.architecture) and not values:
+                    calls.append((eid, cluster.client[eid].apply_async(model_sync.receive_skeleton, name,
+                                                                       model_sync.skeleton(used[name]))))
+                elif theirs is None or theirs[0] != state.architecture:
                     blob = blob or pickle.dumps(used[name])
                     calls.append((eid, cluster.client[eid].apply_async(model_sync.receive, name, blob)))
                     sent["model_bytes"] += len(blob)
+                elif not values:
+                    calls.append((eid, cluster.client[eid].apply_async(model_sync.install, name, state.settings())))
                 else:
                     calls.append((eid, cluster.client[eid].apply_async(model_sync.install, name, state)))
                     sent["model_bytes"] += state.nbytes
@@ -256,6 +270,10 @@ class Session:
         try:
             ar.get(timeout=LIMITS.definition_s)
         except ipp.error.RemoteError as exc:
+            if exc.ename == "EngineError":  # ipyparallel's word for a task stranded by a dead engine
+                raise EngineDied(f"{cluster.info(eid).label()} died while it received the notebook's model: "
+                                 f"{KILLED_FROM_OUTSIDE}. A model too large for one engine trains under --strategy "
+                                 "pipeline or tensor.") from None
             raise DefinitionFailed(
                 f"the notebook's model could not be given to {cluster.info(eid).label()}: {exc.ename}: {exc.evalue}. "
                 "If it uses layers or losses defined in the notebook, put those in a %%distribute define cell "
@@ -291,11 +309,15 @@ class Session:
         cluster = self.require_cluster()
         workers = self._choose_workers(strategy, cluster, options)
         cluster.refresh(workers)
-        self.sync_definitions(workers)
+        self.sync_definitions(workers, empty_weights=strategy.fills_own_part)
         items = [] if options.get("no_bring") else self.bring_plan(cell)  # a refusal comes before any work
         first, rest = self._before_models(cell, strategy, items)
         early = bring.send(first, cluster, workers) if first else None  # the classes the notebook's models use
-        sent = self.sync_models(cell, workers)
+        sent = self.sync_models(cell, workers, values=not strategy.fills_own_part)
+        if strategy.fills_own_part:  # the values its engines fetch, each its own part (the cell's start state)
+            from .model_sync import ModelState
+
+            strategy.notebook_models = {name: ModelState.of(m) for name, m in self.models_used(cell).items()}
         run = runs.Run(strategy=strategy.name, options=dict(options), workers=workers, cell=cell,
                        cell_id=self.current_cell_id, sent={**sent, **({"brought": early} if early else {})})
         self.runs.append(run)

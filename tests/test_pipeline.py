@@ -117,3 +117,22 @@ def test_stop_ends_every_stage_at_the_same_step_and_the_model_comes_back(kernel,
     result = kernel.value("{'status': run.status, 'epochs': len(history.history['loss']), "
                           "'same': all((a == b).all() for a, b in zip(model.get_weights(), run.fits[0].weights))}")
     assert result["status"] == "done" and 0 < result["epochs"] < 500 and result["same"]
+
+
+def test_a_model_the_notebook_trained_reaches_each_stage_as_its_part_and_continues_as_local(kernel, cluster):
+    """The engines build the defined model with empty weights; each stage fetches its part of the notebook's
+    weights and Adam slots (the notebook trained it before), and the run ends where `local`'s does."""
+    idle_engines(cluster, 2)
+    kernel.run("%%distribute define --name held\nheld = build()\n"
+               "held.compile(optimizer=keras.optimizers.Adam(1e-3), loss='sparse_categorical_crossentropy')").check()
+    kernel.run("held.fit(x[:64], y[:64], batch_size=32, epochs=1, verbose=0)\n"
+               "start = (held.get_weights(), [v.numpy() for v in held.optimizer.variables])").check()
+    fit = "held.fit(x, y, batch_size=40, epochs=1, steps_per_epoch=5, shuffle=False)"
+    kernel.run(f"%%distribute --strategy pipeline --stages 2 --seed 1\n{fit}", timeout=240).check()
+    kernel.run("pipe = (held.get_weights(), [v.numpy() for v in held.optimizer.variables])\n"
+               "held.set_weights(start[0])\n"
+               "for v, a in zip(held.optimizer.variables, start[1]): v.assign(a)").check()
+    kernel.run(f"%%distribute --strategy local --seed 1\n{fit}", timeout=240).check()
+    assert kernel.value(DIFF.format("pipe[0]", "held.get_weights()")) <= 1e-5
+    assert kernel.value(DIFF.format("pipe[1]", "[v.numpy() for v in held.optimizer.variables]")) <= 1e-5
+    assert kernel.value("int(held.optimizer.iterations.numpy())") == 2 + 5

@@ -2,9 +2,10 @@
 
 Every stage binds one PULL socket (its inbox) and PUSHes to its neighbours' inboxes. The
 kernel's `AddressBook` (a ROUTER) tells every stage where the others listen once all have
-said hello, and hands them the split stage 0 chose. Every message is a signed wire message
-(`nbdist.ps.wire`): a JSON header and raw array buffers, sent without copying; nothing is
-unpickled. Waits are bounded: a stage that hears nothing from a neighbour for `silence_s`
+said hello, and hands them the split stage 0 chose; then each stage fetches from it the notebook's
+values of the variables its stage owns (`fetch_part`), so no engine receives the whole model. Every
+message is a signed wire message (`nbdist.ps.wire`): a JSON header and raw array buffers, sent
+without copying; nothing is unpickled. Waits are bounded: a stage that hears nothing from a neighbour for `silence_s`
 (not counting time paused) fails, naming that neighbour.
 """
 
@@ -24,10 +25,11 @@ FLUSH_MS = 5000  # a closing stage's sends get this long to leave (a dead neighb
 
 
 class AddressBook:
-    """Kernel side: collects every stage's hello, then answers all with the addresses and the split."""
+    """Kernel side: collects every stage's hello, then answers all with the addresses and the split; serves
+    each stage its part of the notebook's models (`models`: {name: `ModelState`})."""
 
-    def __init__(self, workers: int, key: bytes):
-        self.workers, self.key = workers, key
+    def __init__(self, workers: int, key: bytes, models: dict | None = None):
+        self.workers, self.key, self.models = workers, key, models or {}
         self.address: str | None = None
         self._stop = threading.Event()
         self._thread = self._socket = self._context = None
@@ -52,6 +54,9 @@ class AddressBook:
             ident, *frames = self._socket.recv_multipart()
             try:
                 header = wire.decode(self.key, frames).header
+                if header["kind"] == "part":
+                    self._socket.send_multipart([ident, *self._part(header)])
+                    continue
                 hellos[int(header["stage"])] = (ident, header)
             except (wire.Rejected, KeyError, ValueError):
                 continue  # not from this run's stages: never acted on
@@ -61,6 +66,15 @@ class AddressBook:
                 for ident_, _ in hellos.values():
                     self._socket.send_multipart([ident_, *reply])
                 hellos = {}  # a second fit of the cell says hello again
+
+    def _part(self, header: dict) -> list:
+        state = self.models.get(header["model"])
+        if state is None or state.architecture != header["architecture"]:  # one the cell made itself
+            return wire.encode(self.key, "part", held=False)
+        weights, optimizer = state.part(header["weights"], header["trainable"], int(header["prefix"]))
+        arrays = {f"w{i}": w for i, w in enumerate(weights)}
+        arrays.update({f"o{i}": o for i, o in enumerate(optimizer or [])})
+        return wire.encode(self.key, "part", arrays, held=True, optimizer=len(optimizer or []) if optimizer else None)
 
     def stop(self) -> None:
         self._stop.set()
@@ -116,6 +130,31 @@ class StageLinks:
             sock.connect(peers["addresses"][target])
             self._out[target] = sock
         return peers["split"]
+
+    def fetch_part(self, model: str, architecture: str, weights: list[int], trainable: list[int], prefix: int,
+                   timeout_s: float = 120.0) -> tuple[list | None, list | None]:
+        """The notebook's values of model `model`'s weights at `weights` and of its optimizer's variables for the
+        trainable variables at `trainable` (see `ModelState.part`); (None, None) where the notebook does not hold
+        the model, the optimizer's None where it was not built."""
+        import zmq
+
+        book = self._context.socket(zmq.DEALER)
+        book.setsockopt(zmq.LINGER, 0)
+        book.connect(self._book_address)
+        try:
+            book.send_multipart(wire.encode(self.key, "part", model=model, architecture=architecture, weights=weights,
+                                            trainable=trainable, prefix=prefix, stage=self.rank))
+            if not book.poll(int(timeout_s * 1000)):
+                raise ClusterError(f"pipeline rank {self.rank} (engine {self.engines[self.rank]}): the notebook did not "
+                                   f"send this stage's weights within {timeout_s:.0f} s.")
+            reply = wire.decode(self.key, book.recv_multipart(copy=False), max_bytes=1 << 40)  # (a part may be large)
+        finally:
+            book.close(linger=0)
+        if not reply.header["held"]:
+            return None, None
+        count = reply.header["optimizer"]
+        return ([reply.arrays[f"w{i}"] for i in range(len(weights))],
+                [reply.arrays[f"o{i}"] for i in range(count)] if count else None)
 
     def send(self, to: int, kind: str, step: int, micro: int, array: np.ndarray | None = None,
              arrays: dict | None = None, **fields) -> None:

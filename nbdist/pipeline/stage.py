@@ -134,7 +134,7 @@ class StageSteps:
         started = time.perf_counter()
         indices, own, micro = self._micro_batches(data)
         step, held, loss = self.step_id, {}, 0.0
-        grads = [tf.zeros_like(v) for v in model.trainable_weights]
+        grads = [None] * len(model.trainable_weights)  # (no zeros held: a stage's memory is its weights' few times)
         for kind, m in schedules.make(self.plan["schedule"], self.position.stage, self.position.stages, len(micro)):
             if kind == schedules.FORWARD:  # a micro-batch's loss weight is its share of the whole batch
                 held[m], reported = self._forward(model, step, m, micro[m], len(micro[m]) / len(indices),
@@ -143,8 +143,9 @@ class StageSteps:
             else:
                 micro_grads = self._backward(model, step, m, held.pop(m))
                 t0 = time.perf_counter()
-                grads = [g if mg is None else g + mg for g, mg in zip(grads, micro_grads)]
+                grads = [g if mg is None else mg if g is None else g + mg for g, mg in zip(grads, micro_grads)]
                 self.busy_s += time.perf_counter() - t0
+        grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, model.trainable_weights)]
         if self.position.replicas > 1:  # every replica applies the sum of all replicas' gradients
             grads = [tf.convert_to_tensor(g) for g in summed(self.position, self.links, RGRAD, step,
                                                                [np.asarray(g) for g in grads])]

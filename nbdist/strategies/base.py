@@ -178,10 +178,12 @@ class Strategy:
     default_workers: ClassVar[int | None] = None  # None: every available engine
     survives_worker_loss: ClassVar[bool] = False  # True: a dead worker is reported, the others finish
     uses_control_bus: ClassVar[bool] = True  # False: the strategy carries its controls itself (the PS)
+    fills_own_part: ClassVar[bool] = False  # True: engines build models empty and fill only their part (`empty_weights`)
 
     def __init__(self, values: dict):
         self.values = values
         self.bus = None  # the run's control bus (`nbdist.control_bus`), set by `Run` while it runs
+        self.notebook_models: dict = {}  # fills_own_part: {name: the notebook's `ModelState`}, set before prepare
 
     @classmethod
     def decision_lines(cls, run) -> list[str]:

@@ -13,6 +13,7 @@ import contextlib
 import numpy as np
 
 from .. import gpus
+from ..empty_weights import empty, fill, materialized, weights_without_values
 from ..errors import OptionError
 from ..keras_bridge import FitResult, build_from_sample
 from ..pipeline import schedule as schedules
@@ -67,7 +68,8 @@ class PipelineWorker(Worker):
                               "stages' variables back after the first fit. Put the second fit in the next cell.")
         arrays = fit_arrays(request)
         if not model.built:
-            build_from_sample(model, arrays["train"]["x"])
+            with weights_without_values():  # each stage gives values to its own part only
+                build_from_sample(model, arrays["train"]["x"])
         refuse_whole_model_savers(request.callbacks)
         chain = splits.chain_of(model)
         control = self.control_point()
@@ -81,8 +83,7 @@ class PipelineWorker(Worker):
                                                               "schedule": self.config["schedule"]}, self._own(arrays))
             self.layout = stage_layout(model, part)
             stage.compile(**stage_compile_args(model, self.last), run_eagerly=True)
-            stage.optimizer.build(stage.trainable_variables)
-            copy_optimizer_state(model, stage, self.layout)
+            fill_own_part(model, stage, self.layout, links)
             release_other_variables(model, part)
             stage.steps.control = control
             self.stage, self.plan, self.links = stage, plan, links
@@ -241,36 +242,35 @@ def optimizer_prefix(optimizer) -> int:
     return len(type(optimizer).from_config(optimizer.get_config()).variables)
 
 
-def copy_optimizer_state(model, stage, layout) -> None:
-    """A model the notebook trained before brings its optimizer's state: each stage takes its slots."""
-    source = model.optimizer
-    if not getattr(source, "built", False):
-        return
-    prefix = optimizer_prefix(source)
-    full, own = list(source.variables), list(stage.optimizer.variables)
-    trainable = len(model.trainable_variables)
-    per = (len(full) - prefix) // max(trainable, 1)
-    if len(own) != prefix + per * len(layout["trainable_index"]) or len(full) != prefix + per * trainable:
-        return  # an optimizer of another layout: the stage starts it fresh
-    for mine, theirs in zip(own[:prefix], full[:prefix]):
-        mine.assign(theirs)
-    for j, i in enumerate(layout["trainable_index"]):
-        for k in range(per):
-            own[prefix + j * per + k].assign(full[prefix + i * per + k])
+def fill_own_part(model, stage, layout, links) -> None:
+    """This stage's variables and optimizer slots, as the notebook's model held them when the cell began, fetched
+    from the kernel (no engine receives the whole model). A model the notebook does not hold (the cell made it)
+    keeps this engine's values, or takes its initialisers' where its weights were made empty."""
+    from ..model_sync import architecture
+    from ..namespace import user_namespace
+
+    name = next((k for k, v in user_namespace().items() if v is model and not k.startswith("_")), None)
+    prefix = optimizer_prefix(stage.optimizer)
+    weights, slots = (links.fetch_part(name, architecture(model), layout["weight_index"], layout["trainable_index"],
+                                       prefix) if name else (None, None))
+    for variable, value in zip(layout["variables"], weights or [None] * len(layout["variables"])):
+        fill(variable, value)
+    stage.optimizer.build(stage.trainable_variables)
+    if slots is not None and len(slots) == len(stage.optimizer.variables):  # else another layout: started fresh
+        for variable, value in zip(stage.optimizer.variables, slots):
+            variable.assign(value)
 
 
 def release_other_variables(model, part) -> None:
-    """Free the variables (and optimizer slots) of the other stages' layers on this engine: the whole
-    model existed here only while the cell built it. The engine's copy is marked, so the next run
-    sends the notebook's model whole."""
-    import tensorflow as tf
-
+    """Free what this engine holds of the other stages' layers (their variables, where an earlier run or the cell
+    gave them values, and the optimizer's). The engine's copy is marked, so the next run sends the notebook's
+    model whole."""
     own = {id(v) for v in part.weights}
     doomed = [v for v in model.weights if id(v) not in own]
     if getattr(model.optimizer, "built", False):
         doomed += list(model.optimizer.variables)
     for variable in doomed:
-        variable._value = tf.Variable(tf.zeros([0], variable.dtype), trainable=False)  # Keras keeps it here
+        empty(variable)
     model._nbdist_released = True
 
 
@@ -287,15 +287,16 @@ def time_segments(chain, x, batch: int) -> list[float]:
     for i in range(len(segments)):
         part = splits.stage_part(chain, cut_at, i)
         best = float("inf")
-        for _ in range(TIMING_REPEATS + 1):  # the first call traces: not counted
-            t0 = time.perf_counter()
-            with tf.GradientTape() as tape:
-                if i:
-                    tape.watch(h)
-                out = part(h, training=True)
-                total = tf.reduce_sum(tf.cast(out, tf.float32))
-            tape.gradient(total, list(part.trainable_weights) + ([h] if i else []))
-            best = min(best, time.perf_counter() - t0) if _ else best
+        with materialized(part.weights):  # one segment's weights at a time, where the model was built empty
+            for _ in range(TIMING_REPEATS + 1):  # the first call traces: not counted
+                t0 = time.perf_counter()
+                with tf.GradientTape() as tape:
+                    if i:
+                        tape.watch(h)
+                    out = part(h, training=True)
+                    total = tf.reduce_sum(tf.cast(out, tf.float32))
+                tape.gradient(total, list(part.trainable_weights) + ([h] if i else []))
+                best = min(best, time.perf_counter() - t0) if _ else best
         costs.append(best)
         h = out
     return costs
@@ -310,6 +311,7 @@ class PipelineStrategy(Strategy):
     reports = Reports(panels=("loss", "throughput", "bubble"), controls=("pause", "resume", "stop"))
     worker_class = PipelineWorker
     min_workers = 2
+    fills_own_part = True
 
     def __init__(self, values):
         super().__init__(values)
@@ -337,7 +339,7 @@ class PipelineStrategy(Strategy):
     def prepare(self, run, cluster) -> dict:
         key = wire.new_key()
         address = cluster.address_towards(run.workers)
-        self.book = AddressBook(len(run.workers), key)
+        self.book = AddressBook(len(run.workers), key, self.notebook_models)
         book = self.book.start(address)
         replicas = int(self.value("replicas") or 1)
         self.stages = len(run.workers) // replicas

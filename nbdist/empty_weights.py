@@ -1,0 +1,81 @@
+"""Layer weights that exist without values until the engine that owns them fills them.
+
+Under model parallelism no engine should hold the whole model. Inside `weights_without_values()`
+every weight a layer adds (`Layer.add_weight`, which every Keras layer builds through) is made
+with Keras' deferred initialisation, the mechanism of `keras.StatelessScope`: the variable has
+its shape, dtype and initialiser (with the initialiser's own seed) but no value, and nothing is
+allocated. The layer graph is whole, so a stage or slice can be cut from it; its owner then
+gives each of its weights a value (`fill`: the notebook's, or the initialiser's). Variables
+that are not layer weights (optimizer, metrics, seed generators) are made as usual.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+
+@contextlib.contextmanager
+def weights_without_values():
+    """Within: layer weights are created without values (see the module's docstring)."""
+    import keras
+    from keras.src.backend.common import global_state
+
+    original = keras.layers.Layer.add_weight
+
+    def add_weight(layer, *args, **kwargs):
+        with keras.StatelessScope(initialize_variables=False):
+            variable = original(layer, *args, **kwargs)
+        # Keras initialises every deferred variable when its next outermost stateless scope ends: not these
+        pending = global_state.get_global_attribute("uninitialized_variables") or []
+        global_state.set_global_attribute("uninitialized_variables", [v for v in pending if v is not variable])
+        return variable
+
+    keras.layers.Layer.add_weight = add_weight
+    try:
+        yield
+    finally:
+        keras.layers.Layer.add_weight = original
+
+
+def is_empty(variable) -> bool:
+    """Whether the variable has no value yet (made inside `weights_without_values`)."""
+    return getattr(variable, "_value", 0) is None
+
+
+def any_empty(variables) -> bool:
+    return any(is_empty(v) for v in variables)
+
+
+def fill(variable, value=None) -> None:
+    """Give `variable` the value `value`, or its initialiser's when None; an empty variable is allocated now."""
+    import tensorflow as tf
+
+    if not is_empty(variable):
+        if value is not None:
+            variable.assign(value)
+        return
+    with tf.init_scope():
+        if value is None:
+            variable._initialize_with_initializer(variable._initializer)
+        else:
+            variable._initialize(tf.convert_to_tensor(value, dtype=variable.dtype))
+    variable._initializer = None
+
+
+def empty(variable) -> None:
+    """Drop the variable's value (its memory freed); it keeps its initialiser, if it had one left."""
+    variable._value = None
+
+
+@contextlib.contextmanager
+def materialized(variables):
+    """Within: the empty ones among `variables` hold their initialisers' values; empty again after (their
+    memory freed). For work that needs values but not the true ones, such as timing a layer."""
+    made = [(v, v._initializer) for v in variables if is_empty(v)]
+    for variable, _ in made:
+        fill(variable)
+    try:
+        yield
+    finally:
+        for variable, initializer in made:
+            variable._value, variable._initializer = None, initializer

@@ -1,0 +1,120 @@
+"""A model too large for one engine: each engine's memory capped (a cgroup v1 memory controller, as root) below
+what training the whole model needs; `pipeline` trains it on two, `local` on one is killed and the cell says so,
+naming the engine."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from tests.support import idle_engines, own_cluster
+
+pytestmark = pytest.mark.cluster
+cluster = own_cluster(engines=2)  # the local run's engine is killed by the out-of-memory killer
+
+MEMORY = "/sys/fs/cgroup/memory"
+WIDTH = 4096  # four 4096 x 4096 kernels: 268 MB of variables, 805 MB with Adam's two slots
+MB = 1 << 20
+# What an engine may allocate once capped (its TensorFlow, imported before, is not counted). Measured uncapped on this
+# machine: a stage's engine peaks at 2.05 GB, one engine training the model under `local` at 5.3 GB. The cap lies
+# between them; it is above the model's variables and Adam slots (805 MB), which the issue asked for, because an
+# engine's overheads (the model sent whole to `local`, Keras' and TensorFlow's temporaries, the result sent back)
+# are several times the variables: see docs/strategies/pipeline.md.
+CAP = 3 * 1024 * MB
+
+DEFINE = f'''
+import keras
+model = keras.Sequential([keras.Input(({WIDTH},))] + [keras.layers.Dense({WIDTH}, name=f"wide_{{i}}") for i in range(4)]
+                         + [keras.layers.Dense(10, name="logits")])
+model.compile(optimizer=keras.optimizers.Adam(1e-4),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+'''
+DATA = f'''
+import numpy as np
+xb = np.random.default_rng(0).random((64, {WIDTH}), np.float32)
+yb = np.arange(64) % 10
+w0 = model.get_weights()
+'''
+FIT = "history = model.fit(xb, yb, batch_size=16, epochs=1, steps_per_epoch=2, shuffle=False)"
+
+
+def _why_no_memory_controller() -> str | None:
+    if not os.path.isdir(MEMORY):
+        return f"no cgroup v1 memory controller at {MEMORY}"
+    if not os.access(MEMORY, os.W_OK):
+        return f"{MEMORY} is not writable (the test caps engines as root)"
+    return None
+
+
+class Caps:
+    """Each engine in a cgroup of its own; `limit` caps what it allocates from then on."""
+
+    def __init__(self, client, ids: list[int]):
+        self.client, self.groups = client, {}
+        for eid in ids:
+            pid = client[eid].apply_sync(os.getpid)
+            path = os.path.join(MEMORY, f"nbdist-test-{uuid.uuid4().hex[:8]}")
+            os.mkdir(path)
+            self.groups[eid] = (path, pid)
+            _write(path, "cgroup.procs", pid)
+
+    def limit(self, nbytes: int) -> None:
+        for path, _ in self.groups.values():
+            _write(path, "memory.limit_in_bytes", nbytes)
+
+    def peak(self, eid: int) -> int:
+        return int(_read(self.groups[eid][0], "memory.max_usage_in_bytes"))
+
+    def release(self) -> None:
+        for path, pid in self.groups.values():
+            if os.path.exists(f"/proc/{pid}"):
+                _write(MEMORY, "cgroup.procs", pid)
+            os.rmdir(path)
+
+
+def _write(path: str, name: str, value) -> None:
+    with open(os.path.join(path, name), "w") as f:
+        f.write(str(value))
+
+
+def _read(path: str, name: str) -> str:
+    with open(os.path.join(path, name)) as f:
+        return f.read().strip()
+
+
+@pytest.fixture(scope="module")
+def caps(kernel, cluster):
+    why = _why_no_memory_controller()
+    if why:
+        pytest.skip(why)
+    ids = idle_engines(cluster, 2)
+    cluster.client[ids].apply_sync(lambda: __import__("keras") and None)  # TensorFlow in, before the caps count
+    handle = Caps(cluster.client, ids)
+    try:
+        handle.limit(CAP)
+        kernel.run("%%distribute define --name big\n" + DEFINE, timeout=300).check()
+        kernel.run(DATA, timeout=120).check()
+        yield handle
+    finally:
+        handle.release()
+
+
+def test_pipeline_trains_a_model_no_capped_engine_could_hold_whole(kernel, caps):
+    kernel.run(f"%%distribute --strategy pipeline --stages 2 --microbatches 2 --seed 3\n{FIT}", timeout=600).check()
+    moved = kernel.value("[float(abs(a - b).max()) for a, b in zip(w0, model.get_weights())]")
+    assert all(m > 0 for m in moved), moved  # every layer trained, the notebook's model whole again
+    parts = kernel.value("[r[-1].parts['variable_bytes'] for r in nbdist.last_run.results.values()]")
+    whole = 4 * (WIDTH * WIDTH + WIDTH) * 4 * 3  # the wide layers' variables and Adam slots
+    assert all(2 * p < whole + 1e6 for p in parts), (parts, whole)  # each stage held half, no engine the whole
+    peaks = {eid: caps.peak(eid) for eid in caps.groups}
+    assert all(peak <= CAP for peak in peaks.values()), peaks
+
+
+def test_local_on_one_capped_engine_is_killed_and_the_cell_names_it(kernel, caps):
+    eid = sorted(caps.groups)[0]
+    reply = kernel.run(f"%%distribute --strategy local --targets {eid}\n{FIT}", timeout=600)
+    assert reply.status == "error"
+    text = reply.error_text
+    assert f"engine {eid}" in text and "memory" in text, text
