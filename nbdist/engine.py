@@ -118,4 +118,4 @@ def run_training_cell(spec: dict) -> list:
             "the training cell finished without calling model.fit(...). Put the fit call in the "
             "%%distribute cell (it may be inside a function from a definition cell), or run the cell without %%distribute."
         )
-    return results
+    return FitResult.pack(results)

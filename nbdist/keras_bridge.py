@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -71,6 +71,27 @@ class FitResult:
     callbacks: list = field(default_factory=list)  # each user callback's state after training (rank 0's)
     files: list = field(default_factory=list)  # where file-writing callbacks wrote: [{"callback", "path", "host"}]
     parts: dict = field(default_factory=dict)  # a model-parallel worker's share: where its variables go, its timings
+
+    @staticmethod
+    def pack(results: list) -> list:
+        """Results as ipyparallel sends them without copying: every array a top-level item (it pickles anything
+        nested, so a copy of every weight would be made on the engine), the results without them first. (A list of
+        64 items or more it pickles whole: a model of many variables still pays the copy.)"""
+        arrays: list = []
+
+        def out(values):
+            arrays.extend(values)
+            return [len(arrays) - len(values), len(values)]
+
+        shells = [replace(r, weights=out(r.weights), optimizer_weights=out(r.optimizer_weights)) for r in results]
+        return [shells, *arrays]
+
+    @staticmethod
+    def unpack(packed: list) -> list:
+        """The results `pack` sent."""
+        shells, arrays = packed[0], packed[1:]
+        return [replace(r, weights=arrays[r.weights[0]:sum(r.weights)],
+                        optimizer_weights=arrays[r.optimizer_weights[0]:sum(r.optimizer_weights)]) for r in shells]
 
     @classmethod
     def collect(cls, model, history, records=(), timings=None, callbacks=(), files=()) -> "FitResult":

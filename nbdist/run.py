@@ -427,7 +427,7 @@ def _result(run: Run, cluster: ClusterHandle, eid: int, ar) -> list[FitResult]:
     import ipyparallel as ipp
 
     try:
-        return ar.get(0)
+        return FitResult.unpack(ar.get(0))
     except ipp.error.RemoteError as exc:
         if exc.ename == "EngineError":  # ipyparallel's word for a task stranded by a dead engine
             raise errors.EngineDied(f"{_who(run, cluster, eid)} died during run {run.id}: {exc.evalue}") from None

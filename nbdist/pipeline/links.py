@@ -3,7 +3,8 @@
 Every stage binds one PULL socket (its inbox) and PUSHes to its neighbours' inboxes. The
 kernel's `AddressBook` (a ROUTER) tells every stage where the others listen once all have
 said hello, and hands them the split stage 0 chose; then each stage fetches from it the notebook's
-values of the variables its stage owns (`fetch_part`), so no engine receives the whole model. Every
+values of the variables its stage owns (`fetch_part`), so no engine receives the whole model, and at the
+end sends its trained part back the same way (`send_part`: no copy on the engine). Every
 message is a signed wire message (`nbdist.ps.wire`): a JSON header and raw array buffers, sent
 without copying; nothing is unpickled. Waits are bounded: a stage that hears nothing from a neighbour for `silence_s`
 (not counting time paused) fails, naming that neighbour.
@@ -30,6 +31,7 @@ class AddressBook:
 
     def __init__(self, workers: int, key: bytes, models: dict | None = None):
         self.workers, self.key, self.models = workers, key, models or {}
+        self.trained: dict[tuple[int, int], tuple[list, list]] = {}  # (rank, fit) -> (weights, optimizer variables)
         self.address: str | None = None
         self._stop = threading.Event()
         self._thread = self._socket = self._context = None
@@ -53,9 +55,13 @@ class AddressBook:
                 continue
             ident, *frames = self._socket.recv_multipart()
             try:
-                header = wire.decode(self.key, frames).header
+                header = wire.decode(self.key, frames, max_bytes=1 << 40).header  # (a stage's trained part is large)
                 if header["kind"] == "part":
                     self._socket.send_multipart([ident, *self._part(header)])
+                    continue
+                if header["kind"] == "trained":
+                    self._keep_trained(header, wire.decode(self.key, frames, max_bytes=1 << 40).arrays)
+                    self._socket.send_multipart([ident, *wire.encode(self.key, "kept")])
                     continue
                 hellos[int(header["stage"])] = (ident, header)
             except (wire.Rejected, KeyError, ValueError):
@@ -75,6 +81,11 @@ class AddressBook:
         arrays = {f"w{i}": w for i, w in enumerate(weights)}
         arrays.update({f"o{i}": o for i, o in enumerate(optimizer or [])})
         return wire.encode(self.key, "part", arrays, held=True, optimizer=len(optimizer or []) if optimizer else None)
+
+    def _keep_trained(self, header: dict, arrays: dict) -> None:
+        weights = [arrays[f"w{i}"] for i in range(int(header["weights"]))]
+        optimizer = [arrays[f"o{i}"] for i in range(int(header["optimizer"]))]
+        self.trained[(int(header["stage"]), int(header["fit"]))] = (weights, optimizer)
 
     def stop(self) -> None:
         self._stop.set()
@@ -108,22 +119,30 @@ class StageLinks:
         self.bytes_sent = 0
         self.rejected = 0
 
-    def join(self, targets: list[int], split=None, timeout_s: float = 120.0):
-        """Say hello to the kernel's address book and connect to the ranks `targets`; returns the split
-        rank 0 chose, once every worker is in."""
+    def _ask_book(self, frames: list, waiting_for: str, timeout_s: float) -> wire.Message:
+        """Send `frames` to the kernel's address book (without copying them) and return its signed answer, waiting
+        at most `timeout_s` for it."""
         import zmq
 
         book = self._context.socket(zmq.DEALER)
         book.setsockopt(zmq.LINGER, 0)
         book.connect(self._book_address)
         try:
-            book.send_multipart(wire.encode(self.key, "hello", stage=self.rank, address=self.address, split=split))
+            book.send_multipart(frames, copy=False)
             if not book.poll(int(timeout_s * 1000)):
-                raise ClusterError(f"pipeline rank {self.rank} (engine {self.engines[self.rank]}): the other workers "
-                                   f"did not all start within {timeout_s:.0f} s.")
-            peers = wire.decode(self.key, book.recv_multipart()).header
+                raise ClusterError(f"pipeline rank {self.rank} (engine {self.engines[self.rank]}): {waiting_for} "
+                                   f"within {timeout_s:.0f} s.")
+            return wire.decode(self.key, book.recv_multipart(copy=False), max_bytes=1 << 40)  # (a part may be large)
         finally:
             book.close(linger=0)
+
+    def join(self, targets: list[int], split=None, timeout_s: float = 120.0):
+        """Say hello to the kernel's address book and connect to the ranks `targets`; returns the split
+        rank 0 chose, once every worker is in."""
+        import zmq
+
+        peers = self._ask_book(wire.encode(self.key, "hello", stage=self.rank, address=self.address, split=split),
+                               "the other workers did not all start", timeout_s).header
         for target in targets:
             sock = self._context.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, FLUSH_MS)  # the last step's logs must still reach the stage before
@@ -136,25 +155,23 @@ class StageLinks:
         """The notebook's values of model `model`'s weights at `weights` and of its optimizer's variables for the
         trainable variables at `trainable` (see `ModelState.part`); (None, None) where the notebook does not hold
         the model, the optimizer's None where it was not built."""
-        import zmq
-
-        book = self._context.socket(zmq.DEALER)
-        book.setsockopt(zmq.LINGER, 0)
-        book.connect(self._book_address)
-        try:
-            book.send_multipart(wire.encode(self.key, "part", model=model, architecture=architecture, weights=weights,
-                                            trainable=trainable, prefix=prefix, stage=self.rank))
-            if not book.poll(int(timeout_s * 1000)):
-                raise ClusterError(f"pipeline rank {self.rank} (engine {self.engines[self.rank]}): the notebook did not "
-                                   f"send this stage's weights within {timeout_s:.0f} s.")
-            reply = wire.decode(self.key, book.recv_multipart(copy=False), max_bytes=1 << 40)  # (a part may be large)
-        finally:
-            book.close(linger=0)
+        reply = self._ask_book(wire.encode(self.key, "part", model=model, architecture=architecture, weights=weights,
+                                           trainable=trainable, prefix=prefix, stage=self.rank),
+                               "the notebook did not send this stage's weights", timeout_s)
         if not reply.header["held"]:
             return None, None
         count = reply.header["optimizer"]
         return ([reply.arrays[f"w{i}"] for i in range(len(weights))],
                 [reply.arrays[f"o{i}"] for i in range(count)] if count else None)
+
+    def send_part(self, fit: int, weights: list, optimizer: list, timeout_s: float = 120.0) -> None:
+        """Send this stage's trained variables and optimizer variables of its `fit`-th fit to the kernel, without
+        copying them; returns once the kernel has them."""
+        arrays = {f"w{i}": w for i, w in enumerate(weights)}
+        arrays.update({f"o{i}": o for i, o in enumerate(optimizer)})
+        self._ask_book(wire.encode(self.key, "trained", arrays, stage=self.rank, fit=fit, weights=len(weights),
+                                   optimizer=len(optimizer)),
+                       "the notebook did not take this stage's trained weights", timeout_s)
 
     def send(self, to: int, kind: str, step: int, micro: int, array: np.ndarray | None = None,
              arrays: dict | None = None, **fields) -> None:

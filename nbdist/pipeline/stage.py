@@ -143,7 +143,10 @@ class StageSteps:
             else:
                 micro_grads = self._backward(model, step, m, held.pop(m))
                 t0 = time.perf_counter()
-                grads = [g if mg is None else mg if g is None else g + mg for g, mg in zip(grads, micro_grads)]
+                for i, mg in enumerate(micro_grads):  # one variable at a time: the sum never held twice
+                    if mg is not None:
+                        grads[i] = mg if grads[i] is None else grads[i] + mg
+                    micro_grads[i] = None
                 self.busy_s += time.perf_counter() - t0
         grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, model.trainable_weights)]
         if self.position.replicas > 1:  # every replica applies the sum of all replicas' gradients

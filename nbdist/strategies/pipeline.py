@@ -44,6 +44,8 @@ TIMING_REPEATS = 3
 class PipelineWorker(Worker):
     """One stage: builds its part of the model, frees the rest, and runs Keras' `fit` on the part."""
 
+    handed_in = {"fit": -1}  # what the last fit's `_hand_in` sent the kernel
+
     @property
     def position(self) -> Position:
         return Position(self.rank, self.config["stages"], self.config["replicas"])
@@ -87,7 +89,9 @@ class PipelineWorker(Worker):
             release_other_variables(model, part)
             stage.steps.control = control
             self.stage, self.plan, self.links = stage, plan, links
-            return self._fit_stage(request, stage, arrays)
+            history = self._fit_stage(request, stage, arrays)
+            self._hand_in(stage)
+            return history
         finally:
             control.close()
             links.close()
@@ -149,23 +153,37 @@ class PipelineWorker(Worker):
 
         return {"train": part(arrays["train"]), "val": part(arrays["val"])}
 
+    def _hand_in(self, stage) -> None:
+        """The trained part to the kernel over the stages' own wire (ipyparallel would pickle a copy of it), each
+        variable's memory freed as it is taken: the engine's model is released after a pipeline fit."""
+        prefix, slots = optimizer_prefix(stage.optimizer), list(stage.optimizer.variables)
+        weights = [_taken(v) for v in self.layout["variables"]]
+        optimizer = [np.asarray(v.numpy()) for v in slots[:prefix]] + [_taken(v) for v in slots[prefix:]]
+        self.handed_in = {"fit": self.handed_in["fit"] + 1, "optimizer_prefix": prefix,
+                          "variable_bytes": int(sum(a.nbytes for a in weights + optimizer))}
+        self.links.send_part(self.handed_in["fit"], weights, optimizer)
+
     def result(self, request, history, records, timings, states) -> FitResult:
+        """History, records and callbacks; the weights went to the kernel (`_hand_in`), which puts them in."""
         stage = self.stage
-        weights = [np.asarray(v.numpy()) for v in self.layout["variables"]]
-        optimizer = [np.asarray(v.numpy()) for v in stage.optimizer.variables]
-        result = FitResult(weights=weights, optimizer_weights=optimizer,
+        result = FitResult(weights=[], optimizer_weights=[],
                            history={k: [float(v) for v in vals] for k, vals in history.history.items()},
                            params=dict(history.params or {}), epoch=list(history.epoch), records=list(records),
                            timings=dict(timings), callbacks=list(states), files=list(self.files_written))
         result.parts = {"stage": self.position.stage, "replica": self.position.replica,
                         "weight_index": self.layout["weight_index"],
                         "trainable_index": self.layout["trainable_index"],
-                        "optimizer_prefix": optimizer_prefix(stage.optimizer),
                         "busy_s": stage.steps.busy_s, "step_s": stage.steps.step_s,
-                        "bytes_sent": self.links.bytes_sent,
-                        "variable_bytes": int(sum(w.nbytes for w in weights) + sum(o.nbytes for o in optimizer)),
-                        "plan": self.plan}
+                        "bytes_sent": self.links.bytes_sent, "plan": self.plan, **self.handed_in}
         return result
+
+
+def _taken(variable) -> np.ndarray:
+    """The variable's value as an array over TensorFlow's own buffer (`numpy()` would copy it), the variable left
+    empty: the stage's part is never held twice."""
+    value = variable.value.read_value()._numpy()
+    empty(variable)
+    return value
 
 
 def fit_arrays(request) -> dict:
@@ -361,6 +379,10 @@ class PipelineStrategy(Strategy):
     def finish(self, run) -> None:
         if self.book is not None:
             self.book.stop()
+            for rank, eid in enumerate(run.workers):  # the stages' trained parts, which came to the book
+                for result in run.results.get(eid) or []:
+                    result.weights, result.optimizer_weights = self.book.trained.get(
+                        (rank, result.parts["fit"]), (result.weights, result.optimizer_weights))
             self.book = None
         fits = self.gather_result(run) if run.status == "done" else []
         if fits:
