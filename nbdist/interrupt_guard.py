@@ -110,11 +110,35 @@ def _install() -> None:
         signal.signal(signal.SIGINT, _handle)
 
 
+def _eager_again() -> None:
+    """TensorFlow as a new cell expects it: eager, no graph the default. An interrupt that lands between TensorFlow
+    making a graph the default (as a `tf.function` traces) and the `try` that would undo it leaves that graph the
+    default for good, and the next cell fails creating its first variable ("could not be lifted out of a
+    tf.function"); seen once in a hog run of the interrupt-during-recovery test."""
+    import sys
+
+    if "tensorflow" not in sys.modules:
+        return
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import ops
+
+    graphs = ops._default_graph_stack.stack  # (TensorFlow's own stacks: no public way to reset them)
+    if not graphs:
+        return
+    graphs.clear()
+    switches = context.context().context_switches
+    while len(switches.stack) > 1:  # the first is the thread's own mode
+        switches.pop()
+    context.context()._thread_local_data.is_eager = context.default_execution_mode == context.EAGER_MODE
+
+
 @contextlib.contextmanager
 def training():
     """Within: SIGINT interrupts the training cell; just after it: ignored (see the module's doc)."""
     _install()
     _wake_on_signals()
+    if not _state.active:
+        _eager_again()
     _state.active += 1
     try:
         yield

@@ -54,3 +54,19 @@ def test_an_interrupt_while_training_calls_what_waits_inside_an_op_from_another_
             threading.Event().wait(10)  # bounded: the handler's KeyboardInterrupt ends it
         assert gave_up.wait(10)
     assert signal.set_wakeup_fd(before) == before
+
+
+def test_a_graph_an_interrupt_left_the_default_is_undone_before_the_next_training_cell(guard):
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import ops
+
+    # what an interrupt leaves between TensorFlow's entering a graph (Graph.as_default) and the `try` that exits it
+    graph = tf.Graph()
+    ops._default_graph_stack.stack.append(graph)
+    context.context().context_switches.push(graph.building_function, graph.as_default, graph._device_function_stack)
+    context.context()._thread_local_data.is_eager = False
+    assert not tf.executing_eagerly()
+    with guard.training():
+        assert tf.executing_eagerly()
+        assert float(tf.Variable(2.0).numpy()) == 2.0
