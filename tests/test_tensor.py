@@ -21,6 +21,19 @@ def mlp():
     return keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu", name="big_1"),
                              keras.layers.Dense(128, activation="relu", name="big_2"),
                              keras.layers.Dense(10, activation="softmax", name="head")])
+tseq = _rng.rand(640, 8, 16).astype("float32")
+def transformer():  # two blocks of a Vision Transformer's shape (keras-io's, small): attention and MLP, pre-norm
+    inputs = keras.Input((8, 16))
+    x = keras.layers.Dense(32, name="embed")(inputs)
+    for i in range(2):
+        h = keras.layers.LayerNormalization(name=f"ln1_{i}")(x)
+        h = keras.layers.MultiHeadAttention(4, 8, name=f"mha_{i}")(h, h)
+        x = keras.layers.Add(name=f"res1_{i}")([x, h])
+        h = keras.layers.LayerNormalization(name=f"ln2_{i}")(x)
+        h = keras.layers.Dense(128, activation="gelu", name=f"mlp1_{i}")(h)
+        x = keras.layers.Add(name=f"res2_{i}")([x, keras.layers.Dense(32, name=f"mlp2_{i}")(h)])
+    x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
+    return keras.Model(inputs, keras.layers.Dense(10, activation="softmax", name="head")(x))
 def embedder():
     return keras.Sequential([keras.Input((8,), dtype="int32"), keras.layers.Embedding(1000, 32, name="emb"),
                              keras.layers.Flatten(name="flat"),
@@ -63,6 +76,29 @@ def test_twenty_steps_equal_local_and_each_engine_holds_half_of_every_split_kern
     assert kernel.value("{e['name']: e['kind'] for e in nbdist.last_run.plan['layers']}") == split
     held = kernel.value("[r[-1].timings['tensor']['shapes'] for r in nbdist.last_run.results.values()]")
     assert held == [shapes, shapes]
+
+
+def test_a_functional_transformer_splits_attention_by_heads_and_equals_local_after_20_steps(kernel, cluster):
+    engines = idle_engines(cluster, 2)
+    cell = CELL.format(build="transformer", x="tseq", epochs=1, steps=20)
+    kernel.run(f"%%distribute --strategy local --seed 4 --targets {engines[0]}\n" + cell, timeout=180).check()
+    kernel.run("local_weights = [np.asarray(w) for w in model.get_weights()]; "
+               "local_slots = [np.asarray(v) for v in model.optimizer.variables]").check()
+    reply = kernel.run(f"%%distribute --strategy tensor --seed 4 --targets {','.join(map(str, engines))}\n" + cell,
+                       timeout=300).check()
+    assert kernel.value(DIFF.format(what="weights", expr="model.get_weights()")) <= 1e-5
+    assert kernel.value(DIFF.format(what="slots", expr="model.optimizer.variables")) <= 1e-5
+    kinds = kernel.value("{e['name']: e['kind'] for e in nbdist.last_run.plan['layers']}")
+    assert kinds["mha_0"] == kinds["mha_1"] == "heads" and kinds["ln1_0"] == kinds["res1_0"] == "replicated"
+    assert "mha_0" in reply.stdout and "heads" in reply.stdout  # the plan printed, with each block's split
+    names = kernel.value("[layer.name for layer in model.layers]")
+    held = kernel.value("[r[-1].timings['tensor']['shapes'] for r in nbdist.last_run.results.values()]")
+    # 2 of the 4 heads each: query, key, value kernels (width 32 x heads x 8) and biases, the output projection's
+    # rows of those heads, its bias whole
+    half = [[32, 2, 8], [2, 8], [32, 2, 8], [2, 8], [32, 2, 8], [2, 8], [2, 8, 32], [32]]
+    for shapes in held:
+        for name in ("mha_0", "mha_1"):
+            assert shapes[names.index(name)] == half, (name, shapes[names.index(name)])
 
 
 def test_a_dead_engine_fails_the_run_naming_it_and_the_cluster_serves_the_next_cell(kernel, cluster):

@@ -51,10 +51,50 @@ def test_a_layer_type_that_cannot_be_split_is_replicated_and_says_so():
     assert entry["kind"] == "replicated" and "EinsumDense cannot be split" in entry["reason"]
 
 
-def test_named_layers_are_split_and_unknown_names_or_functional_models_are_refused():
+def test_named_layers_are_split_and_unknown_names_or_subclassed_models_are_refused():
     assert kinds(plan_splits(mlp(), 2, "head,big_2")) == {"big_1": "replicated", "big_2": "column", "head": "row"}
     with pytest.raises(OptionError, match="--split-layers names nope"):
         plan_splits(mlp(), 2, "nope")
-    inputs = keras.Input((4,))
-    with pytest.raises(OptionError, match="keras.Sequential"):
-        plan_splits(keras.Model(inputs, keras.layers.Dense(2)(inputs)), 2)
+
+    class Subclassed(keras.Model):
+        def call(self, x):
+            return x
+
+    with pytest.raises(OptionError, match="subclassed: no graph of layers to follow"):
+        plan_splits(Subclassed(), 2)
+
+
+def transformer(heads=4, dropout=0.0):
+    """Two blocks of a Vision Transformer's shape: pre-norm attention and MLP, each with its residual add."""
+    inputs = keras.Input((8, 16))
+    x = keras.layers.Dense(32, name="embed")(inputs)
+    for i in range(2):
+        h = keras.layers.LayerNormalization(name=f"ln1_{i}")(x)
+        h = keras.layers.MultiHeadAttention(heads, 8, dropout=dropout, name=f"mha_{i}")(h, h)
+        x = keras.layers.Add(name=f"res1_{i}")([x, h])
+        h = keras.layers.LayerNormalization(name=f"ln2_{i}")(x)
+        h = keras.layers.Dense(128, activation="gelu", name=f"mlp1_{i}")(h)
+        x = keras.layers.Add(name=f"res2_{i}")([x, keras.layers.Dense(32, name=f"mlp2_{i}")(h)])
+    x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
+    return keras.Model(inputs, keras.layers.Dense(10, activation="softmax", name="head")(x))
+
+
+def test_a_functional_transformer_splits_attention_by_heads_and_replicates_norms_and_residual_adds():
+    plan = plan_splits(transformer(), 2)
+    by_name = {entry["name"]: entry for entry in plan}
+    assert {n: by_name[n]["kind"] for n in ("mha_0", "mha_1", "mlp1_0", "mlp2_0", "ln1_0", "res1_0", "head")} == {
+        "mha_0": "heads", "mha_1": "heads", "mlp1_0": "column", "mlp2_0": "column", "ln1_0": "replicated",
+        "res1_0": "replicated", "head": "replicated"}
+    assert not by_name["mlp1_0"]["pairs"] or by_name["mlp1_0"]["gathers"]  # rows pair only in a Sequential chain
+    # query, key, value: 32 x 4 x 8 kernels and 4 x 8 biases, halved; the output projection's 4 x 8 x 32 kernel
+    # halved by heads, its 32 biases whole on every engine
+    projections, output_kernel, output_bias = 3 * (32 * 4 * 8 + 4 * 8), 4 * 8 * 32, 32
+    assert by_name["mha_0"]["bytes"] == (projections + output_kernel + output_bias) * 4
+    assert by_name["mha_0"]["bytes_per_engine"] == ((projections + output_kernel) // 2 + output_bias) * 4
+
+
+def test_attention_with_dropout_or_heads_that_do_not_divide_is_replicated_with_the_reason():
+    dropped = {e["name"]: e for e in plan_splits(transformer(dropout=0.1), 2)}["mha_0"]
+    assert dropped["kind"] == "replicated" and "one mask over all heads" in dropped["reason"]
+    odd = {e["name"]: e for e in plan_splits(transformer(heads=3), 2)}["mha_0"]
+    assert odd["kind"] == "replicated" and "num_heads (3) is not a multiple of 2" in odd["reason"]

@@ -1,8 +1,10 @@
-"""`tensor`: model parallelism within layers; the large layers of a Sequential model split across engines.
+"""`tensor`: model parallelism within layers; the large layers of a Sequential or functional model split across
+engines.
 
-Every engine takes the same batches. Large `Dense` layers are split by output units (and the
-`Dense` right after one by input units, Megatron-LM's pair), `Embedding` by output dimension,
-`Conv2D` by filters (`nbdist.tensor_parallel.plan`); Horovod's allgather and allreduce over Gloo
+Every engine takes the same batches. Large `Dense` layers are split by output units (and, in a
+Sequential model, the `Dense` right after one by input units, Megatron-LM's pair),
+`MultiHeadAttention` by heads, `Embedding` by output dimension, `Conv2D` by filters
+(`nbdist.tensor_parallel.plan`); Horovod's allgather and allreduce over Gloo
 join the slices (`nbdist.tensor_parallel.layers`). Keras' own `fit` runs on every engine on its
 share of the model, compiled as the cell compiled its own; at the end every engine gathers the
 whole weights and optimizer state into the cell's model (`nbdist.tensor_parallel.model`). The
@@ -59,7 +61,7 @@ class TensorStrategy(HfdtStrategy):
     """Within-layer model parallelism over one Horovod job; prints the split plan under the cell."""
 
     name = "tensor"
-    summary = "model parallel within layers: large Dense / Embedding / Conv2D kernels split across engines"
+    summary = "model parallel within layers: large Dense / attention / Embedding / Conv2D layers split across engines"
     reads = (SPLIT_LAYERS, STALL_TIMEOUT)
     reports = Reports(panels=("loss", "throughput"), controls=())
     worker_class = TensorWorker
@@ -87,6 +89,8 @@ def plan_table(parts: list[dict]) -> dict:
     lines = [f"nbdist: tensor split over {len(parts)} engines:",
              f"  {'layer':<24} {'kind':<11} {'MB':>8} {'MB per engine':>13}  note"]
     for entry in plan:
+        if entry["class"] == "InputLayer":
+            continue
         note = entry["reason"] if entry["reason"] and entry["reason"] != "small" else ""
         lines.append(f"  {entry['name']:<24} {entry['kind']:<11} {entry['bytes'] / 1e6:8.3f} "
                      f"{entry['bytes_per_engine'] / 1e6:13.3f}  {note}".rstrip())

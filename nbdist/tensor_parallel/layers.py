@@ -1,6 +1,7 @@
 """The split layers of `tensor` and the collectives that join their slices (Horovod over Gloo).
 
-Every engine computes on the same batch. A column-split layer computes its slice of the output
+Every engine computes on the same batch. An attention layer split by heads computes its heads as Keras does and
+sums its output projection's partial products (`reduce_sum`). A column-split layer computes its slice of the output
 units; `gather_last` joins the slices (forward: allgather; backward: each engine keeps its own
 slice of the gradient, for everything after the gather is computed alike on every engine). A
 row-split Dense multiplies its slice of the input by its rows of the kernel; `reduce_sum` adds
@@ -150,5 +151,41 @@ class SplitConv2D(_Split):
         return whole.compute_output_shape(input_shape)
 
 
+class _SummedOutputProjection(keras.layers.EinsumDense):
+    """An attention layer's output projection over this engine's heads: its partial product summed over the engines
+    (Megatron-LM's row split), then its bias added once; otherwise Keras' `EinsumDense`."""
+
+    tag = ""
+
+    def call(self, inputs, training=None):
+        y = reduce_sum(keras.ops.einsum(self.equation, inputs, self.kernel), self.tag)
+        return keras.ops.add(y, self.bias) if self.bias is not None else y
+
+
+class HeadParallelAttention(keras.layers.MultiHeadAttention):
+    """`MultiHeadAttention` holding `num_heads / size` of its heads: Keras' own computation for those heads (their
+    query, key and value projections, their attention), the output projection's partial products summed over the
+    engines. Its inputs' gradients are summed over the engines too (each holds its heads' part)."""
+
+    def __init__(self, original: dict, rank: int, size: int, tag: str, gathers: bool = True, **kwargs):
+        super().__init__(**{**original, "num_heads": original["num_heads"] // size}, **kwargs)
+        self.original, self.rank, self.size, self.tag = original, rank, size, tag
+
+    def get_config(self):
+        return {"original": self.original, "rank": self.rank, "size": self.size, "tag": self.tag}
+
+    def _make_output_dense(self, query_shape, common_kwargs, name=None):
+        whole = super()._make_output_dense(query_shape, common_kwargs, name)
+        summed = _SummedOutputProjection.from_config(whole.get_config())
+        summed.tag = f"{self.tag}_out"
+        return summed
+
+    def call(self, query, value, key=None, **kwargs):
+        query_in = from_replicated(query, f"{self.tag}_q")
+        value_in = from_replicated(value, f"{self.tag}_v")
+        key_in = None if key is None else from_replicated(key, f"{self.tag}_k")
+        return super().call(query_in, value_in, key_in, **kwargs)
+
+
 SPLIT_LAYERS = {"column": ColumnParallelDense, "row": RowParallelDense, "embedding": SplitEmbedding,
-                "conv": SplitConv2D}
+                "conv": SplitConv2D, "heads": HeadParallelAttention}

@@ -1,6 +1,6 @@
 """The engine's share of a tensor-parallel model, built from the cell's, and the whole model back.
 
-`parallel_model` clones the cell's Sequential model with each split layer replaced by its split
+`parallel_model` clones the cell's model (Sequential or functional: the clone follows its graph) with each split layer replaced by its split
 class (`layers.SPLIT_LAYERS`) holding this engine's slice of the weights, and compiles it as the
 cell compiled its own (a fresh optimizer of the same configuration). `reassemble` gathers every
 engine's slices of the weights and of the optimizer's slots into the cell's model and its optimizer,
@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import optimizer_state
 from ..errors import OptionError
-from .plan import AXES
+from .plan import split_axes
 
 
 def _slice(array: np.ndarray, axis: int | None, rank: int, size: int) -> np.ndarray:
@@ -31,7 +31,7 @@ def parallel_model(model, plan: list[dict], rank: int, size: int):
     by_name = {entry["name"]: (i, entry) for i, entry in enumerate(plan)}
 
     def clone(layer):
-        i, entry = by_name[layer.name]
+        i, entry = by_name.get(layer.name, (None, {"kind": "replicated"}))  # (a functional model's inputs)
         if entry["kind"] == "replicated":
             return layer.__class__.from_config(layer.get_config())
         return SPLIT_LAYERS[entry["kind"]](layer.get_config(), rank, size, f"nbdist_tp_{i}", gathers=entry["gathers"])
@@ -39,7 +39,7 @@ def parallel_model(model, plan: list[dict], rank: int, size: int):
     parallel = keras.models.clone_model(model, clone_function=clone)
     parallel.build(model.input_shape)
     for layer, twin, entry in zip(model.layers, parallel.layers, plan):
-        axes = AXES[entry["kind"]] or [None] * len(layer.weights)
+        axes = split_axes(entry["kind"], layer)
         twin.set_weights([_slice(w, axis, rank, size) for w, axis in zip(layer.get_weights(), axes)])
     try:
         parallel.compile_from_config(model.get_compile_config())
@@ -55,7 +55,7 @@ def variable_axes(plan: list[dict], model) -> list[int | None]:
     """The split axis of each of `model`'s trainable variables (None: replicated), in their order."""
     axes = []
     for layer, entry in zip(model.layers, plan):
-        per = AXES[entry["kind"]] or [None] * len(layer.weights)
+        per = split_axes(entry["kind"], layer)
         trainable = {id(v) for v in layer.trainable_weights}
         axes += [axis for w, axis in zip(layer.weights, per) if id(w) in trainable]
     return axes
@@ -74,7 +74,7 @@ def gather(hvd, array: np.ndarray, axis: int | None, name: str) -> np.ndarray:
 def reassemble(hvd, model, parallel, plan: list[dict]) -> None:
     """The whole weights and optimizer state of `parallel` (every engine's slices) into `model`."""
     for i, (layer, twin, entry) in enumerate(zip(model.layers, parallel.layers, plan)):
-        axes = AXES[entry["kind"]] or [None] * len(layer.weights)
+        axes = split_axes(entry["kind"], layer)
         layer.set_weights([gather(hvd, w, axis, f"nbdist_tp_weights_{i}_{j}")
                            for j, (w, axis) in enumerate(zip(twin.get_weights(), axes))])
     names = [f"t{i:04d}" for i in range(len(model.trainable_variables))]

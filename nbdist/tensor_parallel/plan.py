@@ -1,11 +1,15 @@
-"""Which layers of a Sequential model `tensor` splits across N engines, and how (a pure function).
+"""Which layers of a Sequential or functional model `tensor` splits across N engines, and how (a pure function).
 
-- `Dense` is split by output units (column), or, right after a column-split `Dense` whose
-  activation is elementwise, by input units (row): the pair needs one collective forward
-  and one backward, as Megatron-LM pairs them.
+- `Dense` is split by output units (column), or, in a Sequential model right after a column-split
+  `Dense` whose activation is elementwise, by input units (row): the pair needs one collective
+  forward and one backward, as Megatron-LM pairs them.
+- `MultiHeadAttention` is split by heads: the query, key and value projections by heads, the
+  output projection by its input (the heads' rows), Megatron-LM's attention pair: one
+  allreduce forward, one backward.
 - `Embedding` is split by output dimension, `Conv2D` by filters.
 - `auto` splits every such layer whose kernel holds at least 1/8 of the model's parameter
-  bytes; names split the layers named. Every other layer is replicated, with the reason.
+  bytes; names split the layers named. Every other layer (LayerNormalization, residual adds,
+  ...) is replicated, with the reason.
 """
 
 from __future__ import annotations
@@ -15,9 +19,22 @@ from ..errors import OptionError
 AUTO_SHARE = 1 / 8
 ELEMENTWISE = {"linear", "relu", "relu6", "gelu", "tanh", "sigmoid", "elu", "selu", "swish", "silu", "softplus",
                "leaky_relu", "hard_sigmoid", "mish"}
-SPLITTABLE = {"Dense": "column", "Embedding": "embedding", "Conv2D": "conv"}
+SPLITTABLE = {"Dense": "column", "Embedding": "embedding", "Conv2D": "conv", "MultiHeadAttention": "heads"}
+WIDTH = {"Dense": "units", "Embedding": "output_dim", "Conv2D": "filters", "MultiHeadAttention": "num_heads"}
 # how each kind cuts its variables (in the layer's order): the axis of each slice, None for replicated
-AXES = {"column": (-1, 0), "row": (0, None), "embedding": (-1,), "conv": (-1, 0), "replicated": None}
+AXES = {"column": (-1, 0), "row": (0, None), "embedding": (-1,), "conv": (-1, 0)}
+# an attention layer's variables by their sublayer: projections to heads by the heads axis, the output
+# projection by its heads rows, its bias replicated (added once, after the sum over the engines)
+HEAD_AXES = {("query", "kernel"): 1, ("key", "kernel"): 1, ("value", "kernel"): 1, ("query", "bias"): 0,
+             ("key", "bias"): 0, ("value", "bias"): 0, ("attention_output", "kernel"): 0,
+             ("attention_output", "bias"): None}
+
+
+def split_axes(kind: str, layer) -> list[int | None]:
+    """The axis each of `layer`'s variables is split along under `kind` (None: replicated), in their order."""
+    if kind == "heads":
+        return [HEAD_AXES[tuple(w.path.split("/")[-2:])] for w in layer.weights]
+    return list(AXES.get(kind) or [None] * len(layer.weights))
 
 
 def nbytes(layer) -> int:
@@ -30,15 +47,17 @@ def activation_name(layer) -> str:
 
 
 def plan_splits(model, size: int, requested: str = "auto") -> list[dict]:
-    """One entry per layer of `model` (a `keras.Sequential`): name, class, kind (column, row, embedding,
-    conv or replicated), reason (why replicated), bytes (all ranks) and bytes per engine."""
+    """One entry per layer of `model` (a `keras.Sequential` or functional model, in `model.layers`' order): name,
+    class, kind (column, row, heads, embedding, conv or replicated), reason (why replicated), bytes (all ranks)
+    and bytes per engine."""
     import keras
 
-    if not isinstance(model, keras.Sequential):
-        raise OptionError("--strategy tensor splits the layers of a keras.Sequential model; this cell's model is "
-                          f"a {type(model).__name__}. Use --strategy pipeline for a functional model too large for "
-                          "one engine, or hfdt to train it data parallel.")
+    if not isinstance(model, keras.Sequential) and not hasattr(model, "_nodes_by_depth"):
+        raise OptionError("--strategy tensor splits the layers of a keras.Sequential or functional model; this cell's "
+                          f"model is a {type(model).__name__} (subclassed: no graph of layers to follow). Write it as "
+                          "a functional model (keras.Model(inputs, outputs)), or train it with hfdt.")
     layers = list(model.layers)
+    sequential = isinstance(model, keras.Sequential)
     total = sum(nbytes(layer) for layer in layers) or 1
     named = None if requested in (None, "", "auto") else [n.strip() for n in str(requested).split(",") if n.strip()]
     if named:
@@ -48,7 +67,7 @@ def plan_splits(model, size: int, requested: str = "auto") -> list[dict]:
                               f"{', '.join(layer.name for layer in layers)}.")
     plan, previous = [], None
     for layer in layers:
-        entry = _entry(layer, size, total, named, previous)
+        entry = _entry(layer, size, total, named, previous if sequential else None)  # (rows pair in a chain only)
         plan.append(entry)
         previous = entry
     return plan
@@ -70,11 +89,14 @@ def _kind(layer, size: int, total: int, named, previous) -> tuple[str, str | Non
     if not wanted:
         return "replicated", None if named else "small"
     if cls not in SPLITTABLE:
-        return "replicated", f"a {cls} cannot be split (tensor splits Dense, Embedding and Conv2D)"
+        return "replicated", f"a {cls} cannot be split (tensor splits Dense, MultiHeadAttention, Embedding and Conv2D)"
+    if cls == "MultiHeadAttention" and (layer.dropout or getattr(layer, "_use_gate", False)):
+        return "replicated", ("its attention dropout draws one mask over all heads" if layer.dropout else
+                              "its gate multiplies all heads' output before the output projection")
     if cls == "Dense" and previous is not None and previous["kind"] == "column" and previous["pairs"]:
         previous["gathers"] = False  # its output stays split: this layer takes its slice by rows
         return "row", None
-    width = {"Dense": "units", "Embedding": "output_dim", "Conv2D": "filters"}[cls]
+    width = WIDTH[cls]
     if getattr(layer, width) % size:
         return "replicated", f"its {width} ({getattr(layer, width)}) is not a multiple of {size} engines"
     return SPLITTABLE[cls], None
@@ -82,4 +104,4 @@ def _kind(layer, size: int, total: int, named, previous) -> tuple[str, str | Non
 
 def _split_bytes(layer, kind: str, size: int) -> int:
     weights = [w.numpy() for w in layer.weights]
-    return sum(w.nbytes if axis is None else w.nbytes // size for w, axis in zip(weights, AXES[kind]))
+    return sum(w.nbytes if axis is None else w.nbytes // size for w, axis in zip(weights, split_axes(kind, layer)))
