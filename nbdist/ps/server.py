@@ -63,20 +63,25 @@ def serve(config: dict, key: bytes, ready=print) -> None:
 
     keras_import = KerasImport()
     try:
-        while not shard.stopping:
-            if poller.poll(POLL_MS):
-                received = socket.recv_multipart(copy=False)
-                answer(received[0].bytes, received[1:])
-            for deferred in keras_import.ready():
-                answer(*deferred)
-            if not poller.poll(0):  # every ping that reached us is read: a shard that was itself slow drops no one
-                send(shard.check_heartbeats(time.time()))
-            if os.getppid() != parent:  # whoever started us is gone: do not linger as an orphan
-                break
+        _loop(shard, socket, poller, answer, send, keras_import, parent)
     finally:
         shard.log.close()
         socket.close()
         context.term()
+
+
+def _loop(shard: Shard, socket, poller, answer, send, keras_import: "KerasImport", parent: int) -> None:
+    """Answer what arrives, then what waited for Keras, then judge silence; until told to stop or orphaned."""
+    while not shard.stopping:
+        if poller.poll(POLL_MS):
+            received = socket.recv_multipart(copy=False)
+            answer(received[0].bytes, received[1:])
+        for deferred in keras_import.ready():
+            answer(*deferred)
+        if not poller.poll(0):  # every ping that reached us is read: a shard that was itself slow drops no one
+            send(shard.check_heartbeats(time.time()))
+        if os.getppid() != parent:  # whoever started us is gone: do not linger as an orphan
+            break
 
 
 class KerasImport:
