@@ -83,14 +83,23 @@ def test_a_functional_transformer_splits_attention_by_heads_and_replicates_norms
     plan = plan_splits(transformer(), 2)
     by_name = {entry["name"]: entry for entry in plan}
     assert {n: by_name[n]["kind"] for n in ("mha_0", "mha_1", "mlp1_0", "mlp2_0", "ln1_0", "res1_0", "head")} == {
-        "mha_0": "heads", "mha_1": "heads", "mlp1_0": "column", "mlp2_0": "column", "ln1_0": "replicated",
+        "mha_0": "heads", "mha_1": "heads", "mlp1_0": "column", "mlp2_0": "row", "ln1_0": "replicated",
         "res1_0": "replicated", "head": "replicated"}
-    assert not by_name["mlp1_0"]["pairs"] or by_name["mlp1_0"]["gathers"]  # rows pair only in a Sequential chain
+    assert by_name["mlp1_0"]["gathers"] is False  # the MLP's pair: its slice goes straight to mlp2_0's rows
     # query, key, value: 32 x 4 x 8 kernels and 4 x 8 biases, halved; the output projection's 4 x 8 x 32 kernel
     # halved by heads, its 32 biases whole on every engine
     projections, output_kernel, output_bias = 3 * (32 * 4 * 8 + 4 * 8), 4 * 8 * 32, 32
     assert by_name["mha_0"]["bytes"] == (projections + output_kernel + output_bias) * 4
     assert by_name["mha_0"]["bytes_per_engine"] == ((projections + output_kernel) // 2 + output_bias) * 4
+
+
+def test_a_functional_dense_whose_output_another_layer_also_takes_is_not_paired():
+    inputs = keras.Input((64,))
+    first = keras.layers.Dense(128, activation="relu", name="first")(inputs)
+    second = keras.layers.Dense(128, name="second")(first)
+    model = keras.Model(inputs, keras.layers.Concatenate(name="both")([first, second]))
+    split = kinds(plan_splits(model, 2, "first,second"))
+    assert (split["first"], split["second"], split["both"]) == ("column", "column", "replicated")
 
 
 def test_attention_with_dropout_or_heads_that_do_not_divide_is_replicated_with_the_reason():

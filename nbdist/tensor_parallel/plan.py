@@ -1,8 +1,8 @@
 """Which layers of a Sequential or functional model `tensor` splits across N engines, and how (a pure function).
 
-- `Dense` is split by output units (column), or, in a Sequential model right after a column-split
-  `Dense` whose activation is elementwise, by input units (row): the pair needs one collective
-  forward and one backward, as Megatron-LM pairs them.
+- `Dense` is split by output units (column), or, right after a column-split `Dense` whose activation
+  is elementwise and whose output it alone takes, by input units (row): the pair needs one
+  collective forward and one backward, as Megatron-LM pairs them (a transformer's MLP).
 - `MultiHeadAttention` is split by heads: the query, key and value projections by heads, the
   output projection by its input (the heads' rows), Megatron-LM's attention pair: one
   allreduce forward, one backward.
@@ -65,12 +65,22 @@ def plan_splits(model, size: int, requested: str = "auto") -> list[dict]:
         if unknown:
             raise OptionError(f"--split-layers names {', '.join(unknown)}, not layers of the model; its layers: "
                               f"{', '.join(layer.name for layer in layers)}.")
-    plan, previous = [], None
+    plan, previous, previous_layer = [], None, None
     for layer in layers:
-        entry = _entry(layer, size, total, named, previous if sequential else None)  # (rows pair in a chain only)
+        chained = sequential or _feeds_only(previous_layer, layer)  # a row split takes its input's slice only
+        entry = _entry(layer, size, total, named, previous if chained else None)
         plan.append(entry)
-        previous = entry
+        previous, previous_layer = entry, layer
     return plan
+
+
+def _feeds_only(before, layer) -> bool:
+    """Whether, in a functional model, `before`'s output goes to `layer` alone and is all `layer` takes in: then
+    `before`'s output slices may stay split into `layer`'s rows."""
+    if before is None or len(before._outbound_nodes) != 1 or len(layer._inbound_nodes) != 1:
+        return False
+    node = layer._inbound_nodes[0]
+    return before._outbound_nodes[0] is node and [p.operation for p in node.parent_nodes] == [before]
 
 
 def _entry(layer, size: int, total: int, named, previous) -> dict:
