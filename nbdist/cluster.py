@@ -242,6 +242,10 @@ class ClusterHandle:
     def info(self, eid: int) -> EngineInfo:
         return self._info.get(eid) or EngineInfo(eid)
 
+    def probed(self, eid: int) -> bool:
+        """Whether engine `eid` has been probed (its host, pid, CPUs and GPUs known; a failed probe counts)."""
+        return eid in self._info
+
     def known_ids(self) -> list[int]:
         """Engines alive or probed before, from what this client already holds (no round trip to the hub)."""
         return sorted(set(self.client.ids if self.client else ()) | set(self._info))

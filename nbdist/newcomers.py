@@ -79,7 +79,9 @@ class Newcomers:
             cluster.refresh([eid])
             if not cluster.is_alive(eid):
                 raise Refused("it died before it could join")
-            if eid in cluster.busy():  # a probe of %dist status, or another client's task: ask again
+            # busy (a probe of %dist status, another client's task), or busy when `refresh` came, so not probed (its
+            # host unknown: Horovod would be told "?"): ask again
+            if eid in cluster.busy() or not cluster.probed(eid):
                 raise Refused("it is busy", retry=True)
             self.prepare(eid, *self.strategy.newcomer_shard(run, rank))
             self.prepared[eid] = rank
