@@ -144,7 +144,8 @@ class StageSteps:
                 micro_grads = self._backward(model, step, m, held.pop(m))
                 t0 = time.perf_counter()
                 for i, mg in enumerate(micro_grads):  # one variable at a time: the sum never held twice
-                    if mg is not None:
+                    if mg is not None:  # (an embedding's IndexedSlices made dense, as a sum of them must be)
+                        mg = tf.convert_to_tensor(mg)
                         grads[i] = mg if grads[i] is None else grads[i] + mg
                     micro_grads[i] = None
                 self.busy_s += time.perf_counter() - t0
