@@ -33,7 +33,10 @@ def parallel_model(model, plan: list[dict], rank: int, size: int):
     def clone(layer):
         i, entry = by_name.get(layer.name, (None, {"kind": "replicated"}))  # (a functional model's inputs)
         if entry["kind"] == "replicated":
-            return layer.__class__.from_config(layer.get_config())
+            try:
+                return layer.__class__.from_config(layer.get_config())
+            except Exception:  # noqa: BLE001 - a notebook's layer whose config does not remake it: the layer itself
+                return layer  # (shared with the cell's model: a replicated layer's variables are the same anyway)
         return SPLIT_LAYERS[entry["kind"]](layer.get_config(), rank, size, f"nbdist_tp_{i}", gathers=entry["gathers"])
 
     parallel = keras.models.clone_model(model, clone_function=clone)

@@ -129,7 +129,7 @@ OUTCOMES = {
     "hfdt": Trains(),
     "nfdt": Trains(),
     "pipeline": Trains(),
-    "tensor": Refused("keras.Sequential"),
+    "tensor": Trains(),
 }
 MODEL = "model"
 

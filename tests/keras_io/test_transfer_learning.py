@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from tests.keras_io.harness import STRATEGIES, data_parallel_only, history, run_example
+from tests.keras_io.harness import STRATEGIES, pipeline_refuses, history, run_example
 
 SOURCE = "keras-team/keras-io guides/transfer_learning.py"
 LICENCE = "Apache-2.0"
@@ -167,7 +167,7 @@ test_loss, test_accuracy = model.evaluate(test_ds)
 ''',
 ]
 
-OUTCOMES = data_parallel_only(pipeline="reads the training data as arrays")
+OUTCOMES = pipeline_refuses("reads the training data as arrays")
 MODEL = "model"
 
 FROZEN = {}  # strategy -> the validation accuracy of the frozen round
