@@ -133,11 +133,11 @@ class Session:
         python = self.shell.transform_cell(cell) if self.shell is not None else cell
         return model_sync.models_used(python, self.shell.user_ns) if self.shell is not None else {}
 
-    def sync_models(self, cell: str, engine_ids: list[int], values: bool = True) -> dict:
+    def sync_models(self, cell: str, engine_ids: list[int], values: bool = True, states: dict | None = None) -> dict:
         """Give the engines the notebook's state of every Keras model the cell uses (see `model_sync`);
         returns the bytes sent, {"model_bytes": n, "models": {name: [engine ids]}}. Without `values` (a
         model-parallel run, whose engines fetch their own parts) an engine gets the model's settings, or
-        its skeleton where it has no copy."""
+        its skeleton where it has no copy. `states`: the models' `ModelState`s, where the caller has them."""
         import pickle
 
         from . import model_sync
@@ -147,7 +147,7 @@ class Session:
         if not used:
             return sent
         cluster = self.require_cluster()
-        states = {name: model_sync.ModelState.of(model) for name, model in used.items()}
+        states = states or {name: model_sync.ModelState.of(model) for name, model in used.items()}
         have = {eid: cluster.client[eid].apply_async(model_sync.digests, list(used)) for eid in engine_ids}
         have = {eid: ar.get(timeout=LIMITS.definition_s) for eid, ar in have.items()}
         calls = []
@@ -313,11 +313,11 @@ class Session:
         items = [] if options.get("no_bring") else self.bring_plan(cell)  # a refusal comes before any work
         first, rest = self._before_models(cell, strategy, items)
         early = bring.send(first, cluster, workers) if first else None  # the classes the notebook's models use
-        sent = self.sync_models(cell, workers, values=not strategy.fills_own_part)
         if strategy.fills_own_part:  # the values its engines fetch, each its own part (the cell's start state)
             from .model_sync import ModelState
 
             strategy.notebook_models = {name: ModelState.of(m) for name, m in self.models_used(cell).items()}
+        sent = self.sync_models(cell, workers, values=not strategy.fills_own_part, states=strategy.notebook_models)
         run = runs.Run(strategy=strategy.name, options=dict(options), workers=workers, cell=cell,
                        cell_id=self.current_cell_id, sent={**sent, **({"brought": early} if early else {})})
         self.runs.append(run)

@@ -39,6 +39,22 @@ def vmlp():
 '''
 
 
+TRANSFORMER = '''
+def transformer(heads=4, dropout=0.0):  # two blocks of a Vision Transformer's shape (keras-io's, small), pre-norm
+    inputs = keras.Input((8, 16))
+    x = keras.layers.Dense(32, name="embed")(inputs)
+    for i in range(2):
+        h = keras.layers.LayerNormalization(name=f"ln1_{i}")(x)
+        h = keras.layers.MultiHeadAttention(heads, 8, dropout=dropout, name=f"mha_{i}")(h, h)
+        x = keras.layers.Add(name=f"res1_{i}")([x, h])
+        h = keras.layers.LayerNormalization(name=f"ln2_{i}")(x)
+        h = keras.layers.Dense(128, activation="gelu", name=f"mlp1_{i}")(h)
+        x = keras.layers.Add(name=f"res2_{i}")([x, keras.layers.Dense(32, name=f"mlp2_{i}")(h)])
+    x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
+    return keras.Model(inputs, keras.layers.Dense(10, activation="softmax", name="head")(x))
+'''  # source, so an engine's definition cell and a test here define the same model
+
+
 def dies_at(pid: int, step: int) -> str:
     """Training-cell code defining the callback `DiesAt()`: engine process `pid` kills itself (SIGKILL) as step
     `step` (0-based, counted by the optimizer) begins, so its peers are inside that step's collectives: the same

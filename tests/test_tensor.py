@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import dies_at, idle_engines, new_engine, own_cluster
+from tests.support import TRANSFORMER, dies_at, idle_engines, new_engine, own_cluster
 
 pytestmark = pytest.mark.cluster
 cluster = own_cluster(engines=2)  # a test kills an engine
@@ -22,18 +22,6 @@ def mlp():
                              keras.layers.Dense(128, activation="relu", name="big_2"),
                              keras.layers.Dense(10, activation="softmax", name="head")])
 tseq = _rng.rand(640, 8, 16).astype("float32")
-def transformer():  # two blocks of a Vision Transformer's shape (keras-io's, small): attention and MLP, pre-norm
-    inputs = keras.Input((8, 16))
-    x = keras.layers.Dense(32, name="embed")(inputs)
-    for i in range(2):
-        h = keras.layers.LayerNormalization(name=f"ln1_{i}")(x)
-        h = keras.layers.MultiHeadAttention(4, 8, name=f"mha_{i}")(h, h)
-        x = keras.layers.Add(name=f"res1_{i}")([x, h])
-        h = keras.layers.LayerNormalization(name=f"ln2_{i}")(x)
-        h = keras.layers.Dense(128, activation="gelu", name=f"mlp1_{i}")(h)
-        x = keras.layers.Add(name=f"res2_{i}")([x, keras.layers.Dense(32, name=f"mlp2_{i}")(h)])
-    x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
-    return keras.Model(inputs, keras.layers.Dense(10, activation="softmax", name="head")(x))
 def embedder():
     return keras.Sequential([keras.Input((8,), dtype="int32"), keras.layers.Embedding(1000, 32, name="emb"),
                              keras.layers.Flatten(name="flat"),
@@ -52,7 +40,7 @@ DIFF = ("max(float(abs(a - b).max()) for a, b in zip(local_{what}, [np.asarray(v
 
 @pytest.fixture(scope="module", autouse=True)
 def models(kernel):
-    kernel.run("%%distribute define --name tensor_models\n" + MODELS, timeout=120).check()
+    kernel.run("%%distribute define --name tensor_models\n" + MODELS + TRANSFORMER, timeout=120).check()
 
 
 @pytest.mark.parametrize("build, x, split, shapes", [

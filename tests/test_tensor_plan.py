@@ -7,6 +7,7 @@ import pytest
 
 from nbdist.errors import OptionError
 from nbdist.tensor_parallel.plan import plan_splits
+from tests.support import TRANSFORMER
 
 
 def mlp(hidden=128, last_activation="relu"):
@@ -64,19 +65,7 @@ def test_named_layers_are_split_and_unknown_names_or_subclassed_models_are_refus
         plan_splits(Subclassed(), 2)
 
 
-def transformer(heads=4, dropout=0.0):
-    """Two blocks of a Vision Transformer's shape: pre-norm attention and MLP, each with its residual add."""
-    inputs = keras.Input((8, 16))
-    x = keras.layers.Dense(32, name="embed")(inputs)
-    for i in range(2):
-        h = keras.layers.LayerNormalization(name=f"ln1_{i}")(x)
-        h = keras.layers.MultiHeadAttention(heads, 8, dropout=dropout, name=f"mha_{i}")(h, h)
-        x = keras.layers.Add(name=f"res1_{i}")([x, h])
-        h = keras.layers.LayerNormalization(name=f"ln2_{i}")(x)
-        h = keras.layers.Dense(128, activation="gelu", name=f"mlp1_{i}")(h)
-        x = keras.layers.Add(name=f"res2_{i}")([x, keras.layers.Dense(32, name=f"mlp2_{i}")(h)])
-    x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
-    return keras.Model(inputs, keras.layers.Dense(10, activation="softmax", name="head")(x))
+exec(TRANSFORMER)  # defines transformer(heads, dropout), the model tests/test_tensor.py trains on engines
 
 
 def test_a_functional_transformer_splits_attention_by_heads_and_replicates_norms_and_residual_adds():
