@@ -18,23 +18,42 @@ import contextlib
 def weights_without_values():
     """Within: layer weights are created without values (see the module's docstring)."""
     import keras
+
+    with _without_values(keras.layers.Layer, "add_weight"):
+        yield
+
+
+@contextlib.contextmanager
+def slots_without_values():
+    """Within: an optimizer's variables (its slots, when it is built) are created without values, for the caller
+    to `fill` one at a time (the notebook's slots arrive while the engine holds its part already)."""
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    with _without_values(BaseOptimizer, "add_variable"):
+        yield
+
+
+@contextlib.contextmanager
+def _without_values(cls, method: str):
+    """Within: every variable `cls.method` makes is made with Keras' deferred initialisation."""
+    import keras
     from keras.src.backend.common import global_state
 
-    original = keras.layers.Layer.add_weight
+    original = getattr(cls, method)
 
-    def add_weight(layer, *args, **kwargs):
+    def deferred(owner, *args, **kwargs):
         with keras.StatelessScope(initialize_variables=False):
-            variable = original(layer, *args, **kwargs)
+            variable = original(owner, *args, **kwargs)
         # Keras initialises every deferred variable when its next outermost stateless scope ends: not these
         pending = global_state.get_global_attribute("uninitialized_variables") or []
         global_state.set_global_attribute("uninitialized_variables", [v for v in pending if v is not variable])
         return variable
 
-    keras.layers.Layer.add_weight = add_weight
+    setattr(cls, method, deferred)
     try:
         yield
     finally:
-        keras.layers.Layer.add_weight = original
+        setattr(cls, method, original)
 
 
 def is_empty(variable) -> bool:

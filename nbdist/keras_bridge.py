@@ -95,9 +95,11 @@ class FitResult:
 
     @classmethod
     def collect(cls, model, history, records=(), timings=None, callbacks=(), files=()) -> "FitResult":
+        """The fit's result from the trained `model` (None: a model-parallel worker, whose parts went to the kernel
+        by `nbdist.model_parts`)."""
         optimizer = getattr(model, "optimizer", None)
         return cls(
-            weights=[np.asarray(w) for w in model.get_weights()],
+            weights=[np.asarray(w) for w in model.get_weights()] if model is not None else [],
             optimizer_weights=[np.asarray(v) for v in optimizer.variables] if optimizer is not None else [],
             history={k: [float(v) for v in vals] for k, vals in history.history.items()},
             params=dict(history.params or {}),

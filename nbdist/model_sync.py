@@ -110,16 +110,24 @@ class ModelState:
         (trainable flags and compile configuration)."""
         return ModelState(self.architecture, None, self.trainable, self.compile, None, self.trainable_count)
 
-    def part(self, weight_index: list[int], trainable_index: list[int], prefix: int) -> tuple[list, list | None]:
+    def part(self, weight_index: list[int], trainable_index: list[int], prefix: int, axes: list | None = None,
+             slot_axes: list | None = None, rank: int = 0, size: int = 1) -> tuple[list, list | None]:
         """The values of the weights at `weight_index` and, where the optimizer was built, its first `prefix`
         variables (iterations, learning rate) then the slots of the trainable variables at `trainable_index`
-        (Keras keeps each variable's slots together, in the order of the trainable variables)."""
-        weights = [self.weights[i] for i in weight_index]
+        (Keras keeps each variable's slots together, in the order of the trainable variables). With `axes` (one
+        per weight, None for whole) and `slot_axes` (one per trainable variable): rank `rank`'s slice of each of
+        `size` (`tensor`)."""
+        from .model_parts import cut
+
+        axes = axes or [None] * len(weight_index)
+        slot_axes = slot_axes or [None] * len(trainable_index)
+        weights = [cut(self.weights[i], axis, rank, size) for i, axis in zip(weight_index, axes)]
         trainable = self.trainable_count
         if self.optimizer is None or not trainable or (len(self.optimizer) - prefix) % trainable:
             return weights, None
         per = (len(self.optimizer) - prefix) // trainable
-        slots = [self.optimizer[prefix + i * per + k] for i in trainable_index for k in range(per)]
+        slots = [cut(self.optimizer[prefix + i * per + k], axis, rank, size)
+                 for i, axis in zip(trainable_index, slot_axes) for k in range(per)]
         return weights, list(self.optimizer[:prefix]) + slots
 
     def digest(self) -> str:  # (of a state with values)
@@ -176,7 +184,7 @@ def install(name: str, state: ModelState) -> None:
     for variable, value in zip(model.weights, state.weights or []):
         fill(variable, value)  # (model.set_weights, for weights made empty too)
     if state.compile and (not model.compiled or compile_text(model.get_compile_config()) != state.compile_text):
-        model.compile_from_config(state.compile)
+        compile_as(model, state.compile)
     if state.optimizer is not None:
         optimizer = model.optimizer
         if not optimizer.built:
@@ -202,9 +210,20 @@ def receive_skeleton(name: str, config: dict) -> None:
     from .namespace import NAMES_VAR, user_namespace
 
     namespace = user_namespace()
+    compiled = config.pop("compile_config", None)  # (compiled below: Keras would build the optimizer's slots)
     with keras.saving.custom_object_scope(_notebook_classes(namespace)), weights_without_values():
         namespace[name] = keras.saving.deserialize_keras_object(config)
+        if compiled:
+            compile_as(namespace[name], compiled)
     namespace.setdefault(NAMES_VAR, set()).add(name)
+
+
+def compile_as(model, config: dict) -> None:
+    """Compile `model` from a compile configuration without building its optimizer (Keras' `compile_from_config`
+    builds the slots over the weights, which an engine that fills only its part has no values for)."""
+    import keras
+
+    model.compile(**keras.saving.deserialize_keras_object(config))
 
 
 def receive(name: str, blob: bytes) -> None:

@@ -99,3 +99,23 @@ def test_a_dead_engine_fails_the_run_naming_it_and_the_cluster_serves_the_next_c
     assert reply.ename == "EngineDied" and f"engine {victim} (host " in reply.evalue, reply.error_text
     kernel.run(f"%%distribute --strategy tensor --targets {','.join(map(str, idle_engines(cluster, 2)))}\n"
                + CELL.format(build="mlp", x="tx", epochs=1, steps=2), timeout=180).check()
+
+
+def test_a_model_the_notebook_holds_reaches_each_engine_as_its_slices_and_two_fits_equal_local(kernel, cluster):
+    engines = idle_engines(cluster, 2)
+    kernel.run("%%distribute define --name held_mlp\nheld = mlp()\nheld.compile(optimizer=keras.optimizers.Adam(1e-3), "
+               "loss='sparse_categorical_crossentropy')\nheld0 = held.get_weights()", timeout=120).check()
+    fit = "held.fit(tx, ty, batch_size=32, epochs=1, steps_per_epoch=5, shuffle=False)"
+    kernel.run(f"%%distribute --strategy local --seed 2 --targets {engines[0]}\n{fit}\n{fit}", timeout=180).check()
+    kernel.run("local_weights = [np.asarray(w) for w in held.get_weights()]; "
+               "local_slots = [np.asarray(v) for v in held.optimizer.variables]; held.set_weights(held0); "
+               "held.optimizer = None; held.compile(optimizer=keras.optimizers.Adam(1e-3), "
+               "loss='sparse_categorical_crossentropy')").check()
+    for _ in range(2):  # the second fit starts from the first's weights and Adam slots, sliced by the kernel
+        kernel.run(f"%%distribute --strategy tensor --seed 2 --targets {','.join(map(str, engines))}\n{fit}",
+                   timeout=240).check()
+        fetched = kernel.value("[fit.timings['tensor']['from_notebook'] for fit in "
+                               "[r[-1] for r in nbdist.last_run.results.values()]]")
+        assert fetched == [True, True]  # no engine built the model whole: each fetched its slices
+    assert kernel.value(DIFF.format(what="weights", expr="held.get_weights()")) < 1e-5
+    assert kernel.value(DIFF.format(what="slots", expr="held.optimizer.variables")) < 1e-5

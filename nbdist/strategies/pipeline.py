@@ -16,6 +16,7 @@ from .. import gpus
 from ..empty_weights import empty, fill, materialized, weights_without_values
 from ..errors import OptionError
 from ..keras_bridge import FitResult, build_from_sample
+from ..model_parts import load_slots, notebook_name, optimizer_prefix, taken
 from ..pipeline import schedule as schedules
 from ..pipeline import split as splits
 from ..pipeline.links import AddressBook, StageLinks
@@ -85,7 +86,7 @@ class PipelineWorker(Worker):
                                                               "schedule": self.config["schedule"]}, self._own(arrays))
             self.layout = stage_layout(model, part)
             stage.compile(**stage_compile_args(model, self.last), run_eagerly=True)
-            fill_own_part(model, stage, self.layout, links)
+            fill_own_part(model, stage, self.layout, links.desk)
             release_other_variables(model, part)
             stage.steps.control = control
             self.stage, self.plan, self.links = stage, plan, links
@@ -157,33 +158,22 @@ class PipelineWorker(Worker):
         """The trained part to the kernel over the stages' own wire (ipyparallel would pickle a copy of it), each
         variable's memory freed as it is taken: the engine's model is released after a pipeline fit."""
         prefix, slots = optimizer_prefix(stage.optimizer), list(stage.optimizer.variables)
-        weights = [_taken(v) for v in self.layout["variables"]]
-        optimizer = [np.asarray(v.numpy()) for v in slots[:prefix]] + [_taken(v) for v in slots[prefix:]]
+        weights = [taken(v) for v in self.layout["variables"]]
+        optimizer = [np.asarray(v.numpy()) for v in slots[:prefix]] + [taken(v) for v in slots[prefix:]]
         self.handed_in = {"fit": self.handed_in["fit"] + 1, "optimizer_prefix": prefix,
                           "variable_bytes": int(sum(a.nbytes for a in weights + optimizer))}
-        self.links.send_part(self.handed_in["fit"], weights, optimizer)
+        self.links.desk.send_part(self.handed_in["fit"], weights, optimizer)
 
     def result(self, request, history, records, timings, states) -> FitResult:
         """History, records and callbacks; the weights went to the kernel (`_hand_in`), which puts them in."""
         stage = self.stage
-        result = FitResult(weights=[], optimizer_weights=[],
-                           history={k: [float(v) for v in vals] for k, vals in history.history.items()},
-                           params=dict(history.params or {}), epoch=list(history.epoch), records=list(records),
-                           timings=dict(timings), callbacks=list(states), files=list(self.files_written))
+        result = FitResult.collect(None, history, records, timings, states, self.files_written)
         result.parts = {"stage": self.position.stage, "replica": self.position.replica,
                         "weight_index": self.layout["weight_index"],
                         "trainable_index": self.layout["trainable_index"],
                         "busy_s": stage.steps.busy_s, "step_s": stage.steps.step_s,
                         "bytes_sent": self.links.bytes_sent, "plan": self.plan, **self.handed_in}
         return result
-
-
-def _taken(variable) -> np.ndarray:
-    """The variable's value as an array over TensorFlow's own buffer (`numpy()` would copy it), the variable left
-    empty: the stage's part is never held twice."""
-    value = variable.value.read_value()._numpy()
-    empty(variable)
-    return value
 
 
 def fit_arrays(request) -> dict:
@@ -255,28 +245,18 @@ def stage_compile_args(model, last: bool) -> dict:
     return args
 
 
-def optimizer_prefix(optimizer) -> int:
-    """How many of the optimizer's variables come before its per-variable slots (iteration, learning rate)."""
-    return len(type(optimizer).from_config(optimizer.get_config()).variables)
-
-
-def fill_own_part(model, stage, layout, links) -> None:
+def fill_own_part(model, stage, layout, desk) -> None:
     """This stage's variables and optimizer slots, as the notebook's model held them when the cell began, fetched
     from the kernel (no engine receives the whole model). A model the notebook does not hold (the cell made it)
     keeps this engine's values, or takes its initialisers' where its weights were made empty."""
     from ..model_sync import architecture
-    from ..namespace import user_namespace
 
-    name = next((k for k, v in user_namespace().items() if v is model and not k.startswith("_")), None)
-    prefix = optimizer_prefix(stage.optimizer)
-    weights, slots = (links.fetch_part(name, architecture(model), layout["weight_index"], layout["trainable_index"],
-                                       prefix) if name else (None, None))
+    name = notebook_name(model)
+    weights, slots = (desk.fetch_part(name, architecture(model), layout["weight_index"], layout["trainable_index"],
+                                      optimizer_prefix(stage.optimizer)) if name else (None, None))
     for variable, value in zip(layout["variables"], weights or [None] * len(layout["variables"])):
         fill(variable, value)
-    stage.optimizer.build(stage.trainable_variables)
-    if slots is not None and len(slots) == len(stage.optimizer.variables):  # else another layout: started fresh
-        for variable, value in zip(stage.optimizer.variables, slots):
-            variable.assign(value)
+    load_slots(stage.optimizer, stage.trainable_variables, slots)
 
 
 def release_other_variables(model, part) -> None:
@@ -381,8 +361,8 @@ class PipelineStrategy(Strategy):
             self.book.stop()
             for rank, eid in enumerate(run.workers):  # the stages' trained parts, which came to the book
                 for result in run.results.get(eid) or []:
-                    result.weights, result.optimizer_weights = self.book.trained.get(
-                        (rank, result.parts["fit"]), (result.weights, result.optimizer_weights))
+                    result.weights, result.optimizer_weights, _ = self.book.trained.get(
+                        (rank, result.parts["fit"]), (result.weights, result.optimizer_weights, None))
             self.book = None
         fits = self.gather_result(run) if run.status == "done" else []
         if fits:

@@ -16,31 +16,47 @@ from __future__ import annotations
 
 import random
 
-from ..keras_bridge import build_for_training
-from ..tensor_parallel.model import engine_bytes, parallel_model, reassemble
+import numpy as np
+
+from ..empty_weights import fill
+from ..keras_bridge import FitResult, build_for_training
+from ..model_parts import DeskClient, PartsDesk, cut, load_slots, notebook_name, optimizer_prefix, taken
+from ..ps import wire
+from ..tensor_parallel.model import engine_bytes, parallel_model, twins, weight_axes, whole
 from ..tensor_parallel.plan import plan_splits
 from . import horovod_ops as ops
 from .base import Option, Reports
 from .hfdt import STALL_TIMEOUT, HfdtStrategy
 from .hfdt_worker import HfdtWorker
 
-SPLIT_LAYERS = Option("--split-layers", "tensor: auto (every Dense, Embedding and Conv2D whose kernel holds at "
-                      "least 1/8 of the model's parameter bytes) or the names of the layers to split, "
+SPLIT_LAYERS = Option("--split-layers", "tensor: auto (every Dense, MultiHeadAttention, Embedding and Conv2D holding at "
+                      "least 1/8 of the largest one's parameter bytes) or the names of the layers to split, "
                       "comma-separated", default="auto", metavar="auto|NAMES")
 
 
 class TensorWorker(HfdtWorker):
-    """One engine's share of every split layer; the cell's `fit` on it, the whole model gathered at the end."""
+    """One engine's share of every split layer, its values fetched from the kernel (the cell's model here has none:
+    `nbdist.empty_weights`); the cell's `fit` on it; the trained slices handed back to the kernel."""
+
+    fits = 0
 
     def fit(self, request):
         self.refuse_other_optimizers(request)
         hvd = self._init_horovod()
         model = request.model
+        links = self.config["parts"]
+        desk = DeskClient(links["desk"], bytes.fromhex(links["key"]), hvd.rank(),
+                          f"tensor rank {hvd.rank()} (engine {links['engines'][hvd.rank()]})")
         try:
-            build_for_training(model, request.x)
-            ops.broadcast_from_rank0(hvd, list(model.variables) + list(model.optimizer.variables))
+            if not model.built:
+                build_for_training(model, request.x)
             plan = plan_splits(model, hvd.size(), self.values.get("split_layers"))
-            parallel = parallel_model(model, plan, hvd.rank(), hvd.size())
+            axes = weight_axes(plan, model)
+            values, slots, from_notebook = self._own_values(hvd, desk, model, axes)
+            parallel = parallel_model(model, plan, hvd.rank(), hvd.size(), values)
+            del values
+            trainable = twins_of_trainable(model, parallel)
+            load_slots(parallel.optimizer, trainable, slots)
             if self.spec.get("seed") is None:  # every engine must draw the same batches (and Dropout masks)
                 import keras
 
@@ -49,12 +65,65 @@ class TensorWorker(HfdtWorker):
             callbacks = [*self.user_callbacks(request), self.make_reporter(request.samples_per_step or 32)]
             history = request.original_fit(parallel, **{**request.args, "callbacks": callbacks, "verbose": 0})
             self.fit_timings["tensor"] = {"plan": plan, "engine_bytes": engine_bytes(parallel), "rank": hvd.rank(),
+                                          "from_notebook": from_notebook,
                                           "shapes": [[list(w.shape) for w in layer.weights]
                                                      for layer in parallel.layers]}
-            reassemble(hvd, model, parallel, plan)
+            self._hand_in(desk, hvd.rank(), model, parallel, axes)
             return history
         finally:
             hvd.shutdown()
+
+    @staticmethod
+    def _own_values(hvd, desk, model, axes) -> tuple[list, list | None, bool]:
+        """This engine's slice of each of the model's weights and of its optimizer's slots: the notebook's, fetched
+        from the kernel; for a model the notebook does not hold (the cell made it), rank 0's values, sliced here,
+        and a fresh optimizer."""
+        from ..model_sync import architecture
+
+        trainable = {id(v) for v in model.trainable_variables}
+        slot_axes = [axis for v, axis in zip(model.weights, axes) if id(v) in trainable]
+        name = notebook_name(model)
+        prefix = optimizer_prefix(model.optimizer)
+        weights, slots = (desk.fetch_part(name, architecture(model), list(range(len(model.weights))),
+                                          list(range(len(slot_axes))), prefix, axes=axes, slot_axes=slot_axes,
+                                          size=hvd.size()) if name else (None, None))
+        if weights is not None:
+            return weights, slots, True
+        for variable in model.weights:
+            fill(variable)  # (made empty by a define cell: its initialiser's values, rank 0's broadcast below)
+        ops.broadcast_from_rank0(hvd, list(model.weights))
+        return [cut(np.asarray(w), axis, hvd.rank(), hvd.size()) for w, axis in zip(model.get_weights(), axes)], None, False
+
+    def _hand_in(self, desk, rank: int, model, parallel, axes) -> None:
+        """The trained slices to the kernel, each variable's memory freed as it goes; a replicated variable is
+        rank 0's alone."""
+        def mine(variable, axis):
+            return taken(variable) if axis is not None or rank == 0 else np.empty(0, np.float32)
+
+        trainable = {id(v) for v in model.trainable_variables}
+        slot_axes = [axis for v, axis in zip(model.weights, axes) if id(v) in trainable]
+        optimizer = parallel.optimizer.variables
+        prefix = optimizer_prefix(parallel.optimizer)
+        per = (len(optimizer) - prefix) // len(slot_axes) if slot_axes else 0
+        slots = [mine(v, slot_axes[k // per]) for k, v in enumerate(optimizer[prefix:])]
+        self.fits += 1
+        desk.send_part(self.fits, [mine(v, axis) for v, axis in zip(twins(model, parallel), axes)],
+                       [np.asarray(v.numpy()) for v in optimizer[:prefix]] + slots, axes=axes, slot_axes=slot_axes,
+                       prefix=prefix)
+        self.fit_timings["tensor"]["fit"] = self.fits
+
+    def result(self, request, history, records, timings, states):
+        """History, records and callbacks; the weights went to the kernel (`_hand_in`), which joins them."""
+        result = FitResult.collect(None, history, records, timings, states, self.files_written)
+        result.parts = {"fit": timings["tensor"]["fit"]}
+        return result
+
+
+def twins_of_trainable(model, parallel) -> list:
+    """The parallel model's variables in the order of the cell's model's trainable variables (the order of the
+    optimizer's slots the kernel serves and joins)."""
+    trainable = {id(v) for v in model.trainable_variables}
+    return [t for v, t in zip(model.weights, twins(model, parallel)) if id(v) in trainable]
 
 
 class TensorStrategy(HfdtStrategy):
@@ -67,15 +136,40 @@ class TensorStrategy(HfdtStrategy):
     worker_class = TensorWorker
     min_workers = 2
 
+    fills_own_part = True
+
+    def __init__(self, values):
+        super().__init__(values)
+        self.desk: PartsDesk | None = None
+
     def array_shards(self) -> bool:
         return False  # every engine trains on all the data
 
+    def prepare(self, run, cluster) -> dict:
+        config = super().prepare(run, cluster)  # (puts the workers in rank order)
+        key = wire.new_key()
+        self.desk = PartsDesk(key, self.notebook_models)
+        config["parts"] = {"desk": self.desk.start(self.address), "key": key.hex(), "engines": list(run.workers)}
+        return config
+
     def finish(self, run) -> None:
+        if self.desk is not None:
+            self.desk.stop()
+            self._join_parts(run)
+            self.desk = None
         super().finish(run)
         fits = run.fits
         if fits and fits[-1].timings.get("tensor"):
             run.plan = plan_table([fit.timings["tensor"] for fit in _last_fits(run)])
             run.note(run.plan["text"])
+
+    def _join_parts(self, run) -> None:
+        """Rank 0's results take the whole model each fit left, joined from every engine's trained slices."""
+        size = len(run.workers)
+        for result in run.results.get(run.workers[0]) or []:
+            parts = [self.desk.trained.get((rank, result.parts.get("fit"))) for rank in range(size)]
+            if all(parts):
+                result.weights, result.optimizer_weights = whole(parts)
 
 
 def _last_fits(run) -> list:

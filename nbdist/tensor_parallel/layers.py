@@ -32,6 +32,8 @@ def gather_last(x, tag: str):
         moved = tf.experimental.numpy.moveaxis(x, -1, 0)
         gathered = hvd.allgather(moved, name=f"{tag}_gather", ignore_name_scope=True)
         whole = tf.experimental.numpy.moveaxis(gathered, 0, -1)
+        if x.shape[-1] is not None:  # (allgather's shape is unknown: a LayerNormalization after it needs it)
+            whole = tf.ensure_shape(whole, [*x.shape[:-1], x.shape[-1] * hvd.size()])
 
         def grad(dy):
             return tf.split(dy, hvd.size(), axis=-1)[hvd.rank()]

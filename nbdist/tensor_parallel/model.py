@@ -1,10 +1,10 @@
-"""The engine's share of a tensor-parallel model, built from the cell's, and the whole model back.
+"""The engine's share of a tensor-parallel model, built from the cell's, and the whole model back in the kernel.
 
-`parallel_model` clones the cell's model (Sequential or functional: the clone follows its graph) with each split layer replaced by its split
-class (`layers.SPLIT_LAYERS`) holding this engine's slice of the weights, and compiles it as the
-cell compiled its own (a fresh optimizer of the same configuration). `reassemble` gathers every
-engine's slices of the weights and of the optimizer's slots into the cell's model and its optimizer,
-as a local `fit` leaves them.
+`parallel_model` clones the cell's model (Sequential or functional: the clone follows its graph) with each split
+layer replaced by its split class (`layers.SPLIT_LAYERS`) holding this engine's slice of the weights (`values`:
+fetched from the kernel, see `nbdist.model_parts`, so the cell's model itself may have no values here), and
+compiles it as the cell compiled its own. `whole` joins every engine's slices of the weights and of the
+optimizer's slots, in the kernel, into what a local `fit` leaves.
 """
 
 from __future__ import annotations
@@ -12,18 +12,16 @@ from __future__ import annotations
 import numpy as np
 
 from .. import optimizer_state
+from ..empty_weights import fill, weights_without_values
 from ..errors import OptionError
+from ..model_parts import join
+from ..model_sync import compile_as
 from .plan import split_axes
 
 
-def _slice(array: np.ndarray, axis: int | None, rank: int, size: int) -> np.ndarray:
-    if axis is None:
-        return array
-    return np.array_split(array, size, axis=axis)[rank]
-
-
-def parallel_model(model, plan: list[dict], rank: int, size: int):
-    """This engine's model: the cell's layers, split ones replaced by their slices; compiled like the cell's."""
+def parallel_model(model, plan: list[dict], rank: int, size: int, values: list):
+    """This engine's model: the cell's layers, split ones replaced by their slices, given `values` (this engine's
+    slice of each of `model.weights`, or the whole of a replicated one); compiled like the cell's."""
     import keras
 
     from .layers import SPLIT_LAYERS  # defines Keras layers: imported here, so nbdist never imports TensorFlow early
@@ -39,13 +37,18 @@ def parallel_model(model, plan: list[dict], rank: int, size: int):
                 return layer  # (shared with the cell's model: a replicated layer's variables are the same anyway)
         return SPLIT_LAYERS[entry["kind"]](layer.get_config(), rank, size, f"nbdist_tp_{i}", gathers=entry["gathers"])
 
-    parallel = keras.models.clone_model(model, clone_function=clone)
-    parallel.build(model.input_shape)
-    for layer, twin, entry in zip(model.layers, parallel.layers, plan):
-        axes = split_axes(entry["kind"], layer)
-        twin.set_weights([_slice(w, axis, rank, size) for w, axis in zip(layer.get_weights(), axes)])
+    compiled, model.compiled = model.compiled, False  # (clone_model would compile the clone: compiled below)
     try:
-        parallel.compile_from_config(model.get_compile_config())
+        with weights_without_values():  # each weight allocated as it takes its value, which `values` then lets go of
+            parallel = keras.models.clone_model(model, clone_function=clone)
+            parallel.build(model.input_shape)
+    finally:
+        model.compiled = compiled
+    for i, twin in enumerate(twins(model, parallel)):
+        fill(twin, values[i])
+        values[i] = None
+    try:
+        compile_as(parallel, model.get_compile_config())  # (its optimizer built later, with the notebook's slots)
     except Exception as exc:  # a loss or metric defined in the notebook without registration, say
         raise OptionError(f"--strategy tensor compiles each engine's share of the model as the cell compiled its "
                           f"own and could not ({type(exc).__name__}: {exc}); register the cell's own losses and "
@@ -54,38 +57,32 @@ def parallel_model(model, plan: list[dict], rank: int, size: int):
     return parallel
 
 
-def variable_axes(plan: list[dict], model) -> list[int | None]:
-    """The split axis of each of `model`'s trainable variables (None: replicated), in their order."""
-    axes = []
+def weight_axes(plan: list[dict], model) -> list[int | None]:
+    """The split axis of each of `model.weights` (None: replicated), in their order."""
+    axis_of = {}
     for layer, entry in zip(model.layers, plan):
-        per = split_axes(entry["kind"], layer)
-        trainable = {id(v) for v in layer.trainable_weights}
-        axes += [axis for w, axis in zip(layer.weights, per) if id(w) in trainable]
-    return axes
+        axis_of.update({id(w): axis for w, axis in zip(layer.weights, split_axes(entry["kind"], layer))})
+    return [axis_of.get(id(w)) for w in model.weights]
 
 
-def gather(hvd, array: np.ndarray, axis: int | None, name: str) -> np.ndarray:
-    """Every engine's slice of `array` along `axis`, concatenated in rank order (None: this engine's own)."""
-    if axis is None:
-        return array
-    import tensorflow as tf
-
-    moved = np.moveaxis(array, axis, 0)
-    return np.moveaxis(hvd.allgather(tf.convert_to_tensor(moved), name=name, ignore_name_scope=True).numpy(), 0, axis)
+def twins(model, parallel) -> list:
+    """The variable of `parallel` that stands for each of `model.weights` (its slice, or itself replicated)."""
+    twin_of = {}
+    for layer, twin in zip(model.layers, parallel.layers):
+        twin_of.update({id(w): t for w, t in zip(layer.weights, twin.weights)})
+    return [twin_of[id(w)] for w in model.weights]
 
 
-def reassemble(hvd, model, parallel, plan: list[dict]) -> None:
-    """The whole weights and optimizer state of `parallel` (every engine's slices) into `model`."""
-    for i, (layer, twin, entry) in enumerate(zip(model.layers, parallel.layers, plan)):
-        axes = split_axes(entry["kind"], layer)
-        layer.set_weights([gather(hvd, w, axis, f"nbdist_tp_weights_{i}_{j}")
-                           for j, (w, axis) in enumerate(zip(twin.get_weights(), axes))])
-    names = [f"t{i:04d}" for i in range(len(model.trainable_variables))]
-    slots, step = optimizer_state.export(parallel.optimizer, parallel.trainable_variables, names)
-    axes = dict(zip(names, variable_axes(plan, model)))
-    whole = {key: gather(hvd, array, axes[key.split(":", 1)[0]], f"nbdist_tp_slot_{n}")
-             for n, (key, array) in enumerate(sorted(slots.items()))}
-    optimizer_state.load(model.optimizer, model.trainable_variables, names, whole, step)
+def whole(parts: list[tuple[list, list, dict]]) -> tuple[list, list]:
+    """Kernel side: the whole weights and optimizer variables from every rank's trained part (in rank order:
+    weights, optimizer variables, and the header naming each one's split axis and the optimizer's prefix)."""
+    header = parts[0][2]
+    axes, slot_axes, prefix = header["axes"], header["slot_axes"], int(header["prefix"])
+    weights = [join([p[0][j] for p in parts], axis) for j, axis in enumerate(axes)]
+    first = parts[0][1]
+    per = (len(first) - prefix) // len(slot_axes) if slot_axes else 0
+    slots = [join([p[1][k] for p in parts], slot_axes[(k - prefix) // per]) for k in range(prefix, len(first))]
+    return weights, list(first[:prefix]) + slots
 
 
 def engine_bytes(model) -> dict:

@@ -7,9 +7,10 @@
   output projection by its input (the heads' rows), Megatron-LM's attention pair: one
   allreduce forward, one backward.
 - `Embedding` is split by output dimension, `Conv2D` by filters.
-- `auto` splits every such layer whose kernel holds at least 1/8 of the model's parameter
-  bytes; names split the layers named. Every other layer (LayerNormalization, residual adds,
-  ...) is replicated, with the reason.
+- `auto` splits every such layer holding at least 1/8 of the parameter bytes of the largest such
+  layer (a deep model of equal layers has all split, a small head stays whole); names split the
+  layers named. Every other layer (LayerNormalization, residual adds, ...) is replicated, with the
+  reason.
 """
 
 from __future__ import annotations
@@ -37,8 +38,15 @@ def split_axes(kind: str, layer) -> list[int | None]:
     return list(AXES.get(kind) or [None] * len(layer.weights))
 
 
+def variable_bytes(variable) -> int:
+    """A variable's bytes from its shape and dtype (it may have no value yet: `nbdist.empty_weights`)."""
+    import numpy as np
+
+    return int(np.prod(variable.shape, dtype=np.int64)) * np.dtype(str(variable.dtype)).itemsize
+
+
 def nbytes(layer) -> int:
-    return sum(int(w.numpy().nbytes) if hasattr(w, "numpy") else 0 for w in layer.weights)
+    return sum(variable_bytes(w) for w in layer.weights)
 
 
 def activation_name(layer) -> str:
@@ -58,7 +66,7 @@ def plan_splits(model, size: int, requested: str = "auto") -> list[dict]:
                           "a functional model (keras.Model(inputs, outputs)), or train it with hfdt.")
     layers = list(model.layers)
     sequential = isinstance(model, keras.Sequential)
-    total = sum(nbytes(layer) for layer in layers) or 1
+    largest = max([nbytes(layer) for layer in layers if type(layer).__name__ in SPLITTABLE] or [1])
     named = None if requested in (None, "", "auto") else [n.strip() for n in str(requested).split(",") if n.strip()]
     if named:
         unknown = [n for n in named if n not in {layer.name for layer in layers}]
@@ -68,7 +76,7 @@ def plan_splits(model, size: int, requested: str = "auto") -> list[dict]:
     plan, previous, previous_layer = [], None, None
     for layer in layers:
         chained = sequential or _feeds_only(previous_layer, layer)  # a row split takes its input's slice only
-        entry = _entry(layer, size, total, named, previous if chained else None)
+        entry = _entry(layer, size, largest, named, previous if chained else None)
         plan.append(entry)
         previous, previous_layer = entry, layer
     return plan
@@ -83,8 +91,8 @@ def _feeds_only(before, layer) -> bool:
     return before._outbound_nodes[0] is node and [p.operation for p in node.parent_nodes] == [before]
 
 
-def _entry(layer, size: int, total: int, named, previous) -> dict:
-    kind, reason = _kind(layer, size, total, named, previous)
+def _entry(layer, size: int, largest: int, named, previous) -> dict:
+    kind, reason = _kind(layer, size, largest, named, previous)
     own = nbytes(layer)
     return {"name": layer.name, "class": type(layer).__name__, "kind": kind, "reason": reason, "bytes": own,
             "bytes_per_engine": own if kind == "replicated" else _split_bytes(layer, kind, size),
@@ -93,9 +101,9 @@ def _entry(layer, size: int, total: int, named, previous) -> dict:
             "pairs": kind == "column" and activation_name(layer) in ELEMENTWISE}
 
 
-def _kind(layer, size: int, total: int, named, previous) -> tuple[str, str | None]:
+def _kind(layer, size: int, largest: int, named, previous) -> tuple[str, str | None]:
     cls = type(layer).__name__
-    wanted = layer.name in named if named else bool(layer.weights) and nbytes(layer) >= AUTO_SHARE * total
+    wanted = layer.name in named if named else bool(layer.weights) and nbytes(layer) >= AUTO_SHARE * largest
     if not wanted:
         return "replicated", None if named else "small"
     if cls not in SPLITTABLE:
@@ -113,5 +121,5 @@ def _kind(layer, size: int, total: int, named, previous) -> tuple[str, str | Non
 
 
 def _split_bytes(layer, kind: str, size: int) -> int:
-    weights = [w.numpy() for w in layer.weights]
-    return sum(w.nbytes if axis is None else w.nbytes // size for w, axis in zip(weights, split_axes(kind, layer)))
+    return sum(variable_bytes(w) // (1 if axis is None else size) for w, axis in zip(layer.weights,
+                                                                                    split_axes(kind, layer)))
