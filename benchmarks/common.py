@@ -135,3 +135,50 @@ def print_table(header: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         print("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+
+
+# A model over 1 GB for the model-parallel strategies' memory: 4 x 8192 x 8192 float32 kernels, SGD (no slots).
+# Defined, so the notebook holds it: a model-parallel engine builds it empty and fills its own part.
+BIG_DEFINITION = textwrap.dedent('''
+    import keras, numpy as np
+    big = keras.Sequential([keras.Input((8192,))] + [keras.layers.Dense(8192) for _ in range(4)]
+                           + [keras.layers.Dense(10)])
+    big.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+''')
+BIG_CELL = textwrap.dedent('''
+    xb = np.random.default_rng(0).random(({batch}, 8192), np.float32); yb = np.arange({batch}) % 10
+    history = big.fit(xb, yb, batch_size=8, epochs=1, verbose=0)
+''')
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident memory (VmHWM), MB."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+
+
+def big_model_peaks(ip, session, line: str, steps: int, held) -> tuple[list, float]:
+    """On a fresh 3-engine cluster: `local` on engine 2, then `line` (a model-parallel strategy) on engines 0 and 1,
+    each `steps` steps of the big model. Rows (engine, RSS before, peak RSS, variables held, cell s) and the larger
+    model-parallel engine's peak RSS over the local engine's. `held(run, eid)`: the bytes engine `eid` trained with."""
+    ip.run_line_magic("dist", "stop")
+    ip.run_line_magic("dist", "start -n 3")
+    ip.run_cell_magic("distribute", "define", BIG_DEFINITION)
+    client = session.cluster.client
+    pids = {eid: client[eid].apply_sync(os.getpid) for eid in (0, 1, 2)}
+    before = {eid: peak_rss_mb(pid) for eid, pid in pids.items()}
+    done = {}
+    for magic in ("--strategy local --targets 2", f"{line} --targets 0,1"):
+        t0 = time.time()
+        ip.run_cell_magic("distribute", f"{magic} --progress none", BIG_CELL.format(batch=steps * 8))
+        done[magic.split("--targets ")[1]] = (session.last_run, time.time() - t0)
+    local_fit = done["2"][0].fits[0]
+    local_bytes = sum(w.nbytes for w in local_fit.weights + local_fit.optimizer_weights)
+    peaks = {eid: peak_rss_mb(pid) for eid, pid in pids.items()}
+    rows = []
+    for eid in (0, 1, 2):
+        run, seconds = done["2" if eid == 2 else "0,1"]
+        rows.append([f"engine {eid} ({'local' if eid == 2 else 'rank ' + str(eid)})", f"{before[eid]:,.0f}",
+                     f"{peaks[eid]:,.0f}", f"{(local_bytes if eid == 2 else held(run, eid)) / 1e6:,.0f}",
+                     f"{seconds:.1f}"])
+    return rows, max(peaks[0], peaks[1]) / peaks[2]

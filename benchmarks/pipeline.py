@@ -21,12 +21,10 @@ Ends with:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import textwrap
-import time
 
-from common import notebook_shell, print_table
+from common import big_model_peaks, notebook_shell, print_table
 
 DEFINITION = textwrap.dedent('''
     import keras, numpy as np
@@ -37,25 +35,12 @@ DEFINITION = textwrap.dedent('''
         return keras.Sequential([keras.Input((784,)), keras.layers.Dense(1024, activation="relu"),
                                  keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(1024, activation="relu"),
                                  keras.layers.Dense(784, activation="relu"), keras.layers.Dense(10, activation="softmax")])
-    def build_big():  # 4 x 8192 x 8192 float32 kernels: 1.07 GB of variables
-        return keras.Sequential([keras.Input((8192,))] + [keras.layers.Dense(8192) for _ in range(4)]
-                                + [keras.layers.Dense(10)])
 ''')
 CELL = textwrap.dedent('''
     model = build()
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     history = model.fit(x, y, batch_size={batch}, epochs={epochs}, shuffle=False, verbose=0)
 ''')
-BIG_DEFINITION = textwrap.dedent('''
-    big = build_big()  # defined, so the notebook holds it: a stage's engine builds it empty and fills its part
-    big.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-''')
-BIG_CELL = textwrap.dedent('''
-    xb = np.random.default_rng(0).random(({batch}, 8192), np.float32); yb = np.arange({batch}) % 10
-    history = big.fit(xb, yb, batch_size=8, epochs=1, verbose=0)
-''')
-
-
 def variable_bytes(model) -> int:
     return sum(int(v.numpy().nbytes) for v in list(model.weights) + list(model.optimizer.variables))
 
@@ -64,11 +49,6 @@ def steady_rate(run) -> float:
     """Samples/s of the last stage's (or the worker's) records after the first epoch."""
     records = [r for r in run.fits[0].records if r["samples_per_s"] and r["epoch"] and r["epoch"] >= 1]
     return statistics.median(r["samples_per_s"] for r in records) if records else float("nan")
-
-
-def peak_rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
 
 
 def bubble_rows(ip, session, args) -> tuple[list, float, float]:
@@ -106,32 +86,6 @@ def step_ratios(ip, session, args) -> tuple[list, dict]:
     return rows, ratios
 
 
-def big_model(ip, session, args) -> tuple[list, float]:
-    ip.run_line_magic("dist", "stop")
-    ip.run_line_magic("dist", "start -n 3")
-    ip.run_cell_magic("distribute", "define", DEFINITION.format(samples=args.samples))
-    ip.run_cell_magic("distribute", "define", BIG_DEFINITION)
-    client = session.cluster.client
-    pids = {eid: client[eid].apply_sync(os.getpid) for eid in (0, 1, 2)}
-    before = {eid: peak_rss_mb(pid) for eid, pid in pids.items()}
-    t0 = time.time()
-    ip.run_cell_magic("distribute", "--strategy local --targets 2 --progress none", BIG_CELL.format(batch=args.big_steps * 8))
-    local_s = time.time() - t0
-    local_bytes = sum(w.nbytes for w in session.last_run.fits[0].weights + session.last_run.fits[0].optimizer_weights)
-    t0 = time.time()
-    # one micro-batch: no gradient accumulator beside the gradients (M > 1 holds one more copy of the stage's)
-    ip.run_cell_magic("distribute", "--strategy pipeline --targets 0,1 --microbatches 1 --progress none",
-                      BIG_CELL.format(batch=args.big_steps * 8))
-    pipe_s = time.time() - t0
-    stages = session.last_run.fits[0].parts["stages"]
-    peaks = {eid: peak_rss_mb(pid) for eid, pid in pids.items()}
-    rows = [[f"engine {eid} ({'local' if eid == 2 else 'stage ' + str(eid)})", f"{before[eid]:,.0f}",
-             f"{peaks[eid]:,.0f}",
-             f"{(stages[eid]['variable_bytes'] if eid < 2 else local_bytes) / 1e6:,.0f}",
-             f"{local_s if eid == 2 else pipe_s:.1f}"] for eid in (0, 1, 2)]
-    return rows, max(peaks[0], peaks[1]) / peaks[2]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=8192)
@@ -158,7 +112,9 @@ def main() -> None:
             print(f"\nK=2, M=4, 1F1B against local on engine 0 ({args.samples} samples, {args.epochs} epochs, Adam)")
             print_table(["batch", "local step ms", "pipeline step ms", "ratio"], step_rows)
         if "big" in parts:
-            big_rows, results["pipeline_big_peak_rss_ratio"] = big_model(ip, session, args)
+            big_rows, results["pipeline_big_peak_rss_ratio"] = big_model_peaks(
+                ip, session, "--strategy pipeline --microbatches 1", args.big_steps,  # (M > 1: one more gradient copy)
+                lambda run, eid: run.fits[0].parts["stages"][eid]["variable_bytes"])
             print(f"\n1.07 GB model (4 x Dense 8192x8192, SGD), K=2, M=1, {args.big_steps} steps of batch 8, fresh "
                   "engines")
             print_table(["engine", "RSS before MB", "peak RSS MB", "variables held MB", "cell s"], big_rows)
