@@ -9,9 +9,10 @@ import signal
 import time
 from dataclasses import dataclass, field, fields
 
-from . import gpus, host, lifeline, namespace
+from . import gpus, host, lifeline, memory_caps, namespace
 from .errors import ClusterError
 from .limits import LIMITS
+from .memory_caps import MemoryCaps
 
 # The hub unregisters an engine that misses LIMITS.hub_heartbeat_misses (5) 1 s heartbeats, so a dead engine
 # is named within seconds rather than ipyparallel's default 30 s (clusters nbdist starts only).
@@ -64,6 +65,7 @@ class ClusterHandle:
         self._local_machine = host.machine()
         self.warned: set[str] = set()  # compatibility warnings shown for this connection (once each)
         self.stopping: dict[int, object] = {}  # engine -> the task an interrupt has not ended yet (AsyncResult)
+        self.caps = MemoryCaps()  # `%dist cap`: engines capped as smaller hosts
 
     @classmethod
     def start(cls, n: int, engines: str = "local", profile: str | None = None,
@@ -152,6 +154,7 @@ class ClusterHandle:
         engines and disconnect. Idempotent."""
         if self.cluster is not None and self.client is not None:
             self._remove_caches()
+        self.caps.release()
         client, cluster, watcher = self.client, self.cluster, self.lifeline
         self.client = self.cluster = self.lifeline = None
         if client is not None:
@@ -316,6 +319,26 @@ class ClusterHandle:
         if self.cluster is not None:
             return self.cluster.cluster_id
         return hashlib.sha256(self.client.session.key).hexdigest()[:16]
+
+    def cap_memory(self, nbytes: int | None, ids: list[int] | None = None) -> list[int]:
+        """`%dist cap`: cap each engine of `ids` (default: every engine) at `nbytes` of memory from now on
+        (`nbdist.memory_caps`; None lifts the cap); returns the engines capped."""
+        why = memory_caps.why_unavailable()
+        ids = sorted(ids if ids is not None else self.ids())
+        if nbytes is None:
+            for eid in [e for e in ids if e in self.caps.groups]:
+                self.caps.lift(eid)
+            return []
+        if why:
+            raise ClusterError(f"%dist cap cannot cap engines' memory here: {why}.")
+        self.refresh(ids)  # (probed first: TensorFlow's import is not counted)
+        far = [eid for eid in ids if eid not in self.ids() or not self.is_local(eid) or self.info(eid).pid is None]
+        if far:
+            raise ClusterError(f"%dist cap caps engines on this machine only; engine(s) {far} run elsewhere or are "
+                               f"not running (engines: {self.ids()}).")
+        for eid in ids:
+            self.caps.cap(eid, self.info(eid).pid, nbytes)
+        return ids
 
     def is_local(self, eid: int) -> bool:
         """Whether the engine runs on this machine (same boot id as the kernel)."""

@@ -12,7 +12,7 @@ from . import gpus, report, threads
 from .progress import TextProgress
 from .strategies import COMMON_OPTIONS, on_register, strategy_names, strategy_options
 
-DIST_ACTIONS = ("start", "add", "connect", "stop", "status", "runs", "wait", "push")
+DIST_ACTIONS = ("start", "add", "connect", "stop", "status", "runs", "wait", "push", "cap")
 
 
 def distribute_parser():
@@ -67,6 +67,11 @@ class NbdistMagics(Magics):
                               help="start/connect: TensorFlow intra-/inter-op threads of each engine (default: its "
                                    "share of its host's cores: cores / engines of the host, at least 1); `off` "
                                    "leaves TensorFlow's default (every core, for each engine)")
+    @magic_arguments.argument("--memory", default=None, metavar="SIZE",
+                              help="cap: each engine's memory from now on, as on a smaller host (760M, 2G; none "
+                                   "lifts it); engines on this machine, as root (cgroup v1 memory controller)")
+    @magic_arguments.argument("--targets", default=None, metavar="IDS",
+                              help="cap: the engines to cap, comma-separated (default: all)")
     @magic_arguments.argument("--stale", action="store_true",
                               help="stop: stop the clusters that previous kernels of this notebook left "
                                    "running (status names them), not this kernel's")
@@ -87,6 +92,7 @@ class NbdistMagics(Magics):
             %dist wait                       # until the last --background run ends
             %dist push x y build             # send these to every engine now (nbdist brings what a
                                              # training cell uses by itself; this is for the rest)
+            %dist cap --memory 760M          # each engine as a host with 760 MB (try what fits)
             %dist stop
             %dist stop --stale               # clusters a previous (killed) kernel left running
         """
@@ -132,6 +138,10 @@ class NbdistMagics(Magics):
             print(report.run_table(session.runs))
         elif args.action == "wait":
             session.wait()
+        elif args.action == "cap":
+            if not args.memory:
+                raise UsageError("%dist cap --memory SIZE caps each engine's memory, like %dist cap --memory 760M")
+            print(f"nbdist: {session.cap(args.memory, args.targets)}")
         elif args.action == "push":
             sent = session.push(args.names)
             print(f"nbdist: sent {', '.join(sent['names']) or 'nothing (the engines have them)'} "
@@ -309,7 +319,7 @@ def _is_number(text: str) -> bool:
 
 _DIST_ARGS_BY_ACTION = {"start": {"n", "engines", "profile", "kernel_gpu", "threads"}, "add": {"n"},
                         "connect": {"profile", "cluster_id", "file", "kernel_gpu", "threads"},
-                        "stop": {"stale"}}
+                        "stop": {"stale"}, "cap": {"memory", "targets"}}
 
 
 def _refuse_unused(parser, args):

@@ -74,6 +74,17 @@ class Session:
         self.changed("cluster")
         return self.cluster
 
+    def cap(self, memory: str, targets: str | None = None) -> str:
+        """`%dist cap --memory SIZE [--targets IDS]`: the engines as hosts with SIZE of memory; says which."""
+        from .memory_caps import parse_size
+
+        nbytes = parse_size(memory)
+        ids = [int(t) for t in targets.split(",") if t.strip()] if targets else None
+        capped = self.require_cluster().cap_memory(nbytes, ids)
+        if nbytes is None:
+            return "memory cap lifted"
+        return f"engine(s) {capped} capped at {nbytes / (1 << 20):,.0f} MB each (what they allocate from now on)"
+
     def stop(self) -> str:
         """Stop the cluster if nbdist started it, else disconnect; says which."""
         if self.cluster is None:

@@ -1,14 +1,12 @@
-"""A model too large for one engine: each engine's memory capped (a cgroup v1 memory controller, as root) below
-what training the whole model needs; `pipeline` and `tensor` train it on two, `local` on one is killed and the cell says so,
-naming the engine."""
+"""A model too large for one engine: each engine's memory capped (`%dist cap`: a cgroup v1 memory controller, as
+root) below what training the whole model needs; `pipeline` and `tensor` train it on two, `local` on one is killed
+and the cell says so, naming the engine."""
 
 from __future__ import annotations
 
-import os
-import uuid
-
 import pytest
 
+from nbdist import memory_caps
 from tests.support import idle_engines, own_cluster
 
 pytestmark = pytest.mark.cluster
@@ -17,7 +15,6 @@ cluster = own_cluster(engines=5)  # the local run's engine is killed by the out-
 # allocator, not returned by gc or malloc_trim: 0.5 GB after a pipeline stage), which the next run's cap would count.
 PIPELINE, TENSOR, LOCAL = slice(0, 2), slice(2, 4), 4
 
-MEMORY = "/sys/fs/cgroup/memory"
 WIDTH, DEPTH = 2896, 8  # eight 2896 x 2896 kernels: 268 MB of variables, 805 MB with Adam's two slots
 MB = 1 << 20
 # What an engine may allocate once capped (its TensorFlow, imported before, is not counted): less than the model's
@@ -42,69 +39,29 @@ w0 = model.get_weights()
 FIT = "history = model.fit(xb, yb, batch_size=16, epochs=1, steps_per_epoch=2, shuffle=False)"
 
 
-def _why_no_memory_controller() -> str | None:
-    if not os.path.isdir(MEMORY):
-        return f"no cgroup v1 memory controller at {MEMORY}"
-    if not os.access(MEMORY, os.W_OK):
-        return f"{MEMORY} is not writable (the test caps engines as root)"
-    return None
-
-
-class Caps:
-    """Each engine in a cgroup of its own; `limit` caps what it allocates from then on."""
-
-    def __init__(self, client, ids: list[int]):
-        self.client, self.groups = client, {}
-        for eid in ids:
-            pid = client[eid].apply_sync(os.getpid)
-            path = os.path.join(MEMORY, f"nbdist-test-{uuid.uuid4().hex[:8]}")
-            os.mkdir(path)
-            self.groups[eid] = (path, pid)
-            _write(path, "cgroup.procs", pid)
-
-    def limit(self, nbytes: int) -> None:
-        for path, _ in self.groups.values():
-            _write(path, "memory.limit_in_bytes", nbytes)
-
-    def peak(self, eid: int) -> int:
-        return int(_read(self.groups[eid][0], "memory.max_usage_in_bytes"))
-
-    def release(self) -> None:
-        for path, pid in self.groups.values():
-            if os.path.exists(f"/proc/{pid}"):
-                _write(MEMORY, "cgroup.procs", pid)
-            os.rmdir(path)
-
-
-def _write(path: str, name: str, value) -> None:
-    with open(os.path.join(path, name), "w") as f:
-        f.write(str(value))
-
-
-def _read(path: str, name: str) -> str:
-    with open(os.path.join(path, name)) as f:
-        return f.read().strip()
-
-
 @pytest.fixture(scope="module")
-def caps(kernel, cluster):
-    why = _why_no_memory_controller()
+def caps(kernel, cluster) -> list[int]:
+    """Five engines capped by `%dist cap` (the user's way), the big model defined; the caps lifted after."""
+    why = memory_caps.why_unavailable()
     if why:
         pytest.skip(why)
     ids = idle_engines(cluster, 5)
-    cluster.client[ids].apply_sync(lambda: __import__("keras") and None)  # TensorFlow in, before the caps count
-    handle = Caps(cluster.client, ids)
     try:
-        handle.limit(CAP)
+        kernel.run(f"%dist cap --memory {CAP // MB}M --targets {','.join(map(str, ids))}", timeout=300).check()
         kernel.run("%%distribute define --name big\n" + DEFINE, timeout=300).check()
         kernel.run(DATA, timeout=120).check()
-        yield handle
+        yield ids
     finally:
-        handle.release()
+        kernel.run("%dist cap --memory none", timeout=60)
+
+
+def _peaks(kernel, ids: list[int]) -> list[int]:
+    """The most each engine held since it was capped (`memory.max_usage_in_bytes`)."""
+    return kernel.value(f"[nbdist.session.get_session().cluster.caps.peak(e) for e in {ids}]")
 
 
 def _targets(caps, which: slice) -> str:
-    return ",".join(map(str, sorted(caps.groups)[which]))
+    return ",".join(map(str, caps[which]))
 
 
 def test_pipeline_trains_a_model_no_capped_engine_could_hold_whole(kernel, caps):
@@ -115,8 +72,8 @@ def test_pipeline_trains_a_model_no_capped_engine_could_hold_whole(kernel, caps)
     parts = kernel.value("[r[-1].parts['variable_bytes'] for r in nbdist.last_run.results.values()]")
     whole = DEPTH * (WIDTH * WIDTH + WIDTH) * 4 * 3  # the wide layers' variables and Adam slots
     assert all(2 * p < whole + 1e6 for p in parts), (parts, whole)  # each stage held half, no engine the whole
-    peaks = {eid: caps.peak(eid) for eid in caps.groups}
-    assert all(peak <= CAP for peak in peaks.values()), peaks
+    peaks = _peaks(kernel, caps[PIPELINE])
+    assert all(0 < peak <= CAP for peak in peaks), peaks
 
 
 def test_tensor_trains_it_with_each_engine_holding_half_of_every_layer(kernel, caps):
@@ -128,12 +85,12 @@ def test_tensor_trains_it_with_each_engine_holding_half_of_every_layer(kernel, c
     held = kernel.value("[p['total'] for p in nbdist.last_run.plan['engine_bytes']]")
     whole = DEPTH * (WIDTH * WIDTH + WIDTH) * 4 * 3
     assert all(2 * h < whole + 1e6 for h in held), (held, whole)  # half of every wide layer and its slots
-    peaks = {eid: caps.peak(eid) for eid in caps.groups}
-    assert all(peak <= CAP for peak in peaks.values()), peaks
+    peaks = _peaks(kernel, caps[TENSOR])
+    assert all(0 < peak <= CAP for peak in peaks), peaks
 
 
 def test_local_on_one_capped_engine_is_killed_and_the_cell_names_it(kernel, caps):
-    eid = sorted(caps.groups)[LOCAL]
+    eid = caps[LOCAL]
     reply = kernel.run(f"%%distribute --strategy local --targets {eid}\n{FIT}", timeout=600)
     assert reply.status == "error"
     text = reply.error_text

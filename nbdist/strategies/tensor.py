@@ -19,7 +19,7 @@ import random
 import numpy as np
 
 from ..empty_weights import fill
-from ..keras_bridge import FitResult, build_for_training
+from ..keras_bridge import FitResult, build_from_sample
 from ..model_parts import DeskClient, PartsDesk, cut, load_slots, notebook_name, optimizer_prefix, taken
 from ..ps import wire
 from ..tensor_parallel.model import engine_bytes, parallel_model, twins, weight_axes, whole
@@ -30,7 +30,7 @@ from .hfdt import STALL_TIMEOUT, HfdtStrategy
 from .hfdt_worker import HfdtWorker
 
 SPLIT_LAYERS = Option("--split-layers", "tensor: auto (every Dense, MultiHeadAttention, Embedding and Conv2D holding at "
-                      "least 1/8 of the largest one's parameter bytes) or the names of the layers to split, "
+                      "least 1/8 of the largest layer's parameter bytes) or the names of the layers to split, "
                       "comma-separated", default="auto", metavar="auto|NAMES")
 
 
@@ -49,7 +49,7 @@ class TensorWorker(HfdtWorker):
                           f"tensor rank {hvd.rank()} (engine {links['engines'][hvd.rank()]})")
         try:
             if not model.built:
-                build_for_training(model, request.x)
+                build_from_sample(model, request.x)  # (not its optimizer: the weights may have no values here)
             plan = plan_splits(model, hvd.size(), self.values.get("split_layers"))
             axes = weight_axes(plan, model)
             values, slots, from_notebook = self._own_values(hvd, desk, model, axes)

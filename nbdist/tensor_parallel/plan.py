@@ -7,7 +7,7 @@
   output projection by its input (the heads' rows), Megatron-LM's attention pair: one
   allreduce forward, one backward.
 - `Embedding` is split by output dimension, `Conv2D` by filters.
-- `auto` splits every such layer holding at least 1/8 of the parameter bytes of the largest such
+- `auto` splits every such layer holding at least 1/8 of the parameter bytes of the model's largest
   layer (a deep model of equal layers has all split, a small head stays whole); names split the
   layers named. Every other layer (LayerNormalization, residual adds, ...) is replicated, with the
   reason.
@@ -66,7 +66,7 @@ def plan_splits(model, size: int, requested: str = "auto") -> list[dict]:
                           "a functional model (keras.Model(inputs, outputs)), or train it with hfdt.")
     layers = list(model.layers)
     sequential = isinstance(model, keras.Sequential)
-    largest = max([nbytes(layer) for layer in layers if type(layer).__name__ in SPLITTABLE] or [1])
+    largest = max([nbytes(layer) for layer in layers] or [1])
     named = None if requested in (None, "", "auto") else [n.strip() for n in str(requested).split(",") if n.strip()]
     if named:
         unknown = [n for n in named if n not in {layer.name for layer in layers}]
