@@ -82,8 +82,13 @@ def fill(variable, value=None) -> None:
 
 
 def empty(variable) -> None:
-    """Drop the variable's value (its memory freed); it keeps its initialiser, if it had one left."""
+    """Drop the variable's value (its memory freed). It keeps an initialiser (zeros where it had none left), as
+    Keras' tracing of a layer reads one from a variable without a value."""
     variable._value = None
+    if variable._initializer is None:
+        import keras
+
+        variable._initializer = keras.initializers.Zeros()
 
 
 @contextlib.contextmanager

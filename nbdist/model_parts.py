@@ -155,6 +155,29 @@ def taken(variable) -> np.ndarray:
     return value
 
 
+def release(model, keep=()) -> None:
+    """Free what this engine holds of `model` besides the variables `keep` (its weights, where an earlier run or the
+    cell gave them values, and its optimizer's slots): under model parallelism an engine's copy is not the notebook's,
+    and holding it whole is what the strategy avoids. The copy is marked released: the next run gives this
+    engine the notebook's model again, and a second fit in the same cell is refused (`refuse_second_fit`)."""
+    kept = {id(v) for v in keep}
+    doomed = [v for v in model.weights if id(v) not in kept]
+    if getattr(model.optimizer, "built", False):  # its slots (its iterations and learning rate are its settings)
+        doomed += list(model.optimizer.variables)[optimizer_prefix(model.optimizer):]
+    for variable in doomed:
+        empty(variable)
+    model._nbdist_released = True
+
+
+def refuse_second_fit(model, strategy: str) -> None:
+    from .errors import OptionError
+
+    if getattr(model, "_nbdist_released", False):
+        raise OptionError(f"under --strategy {strategy} a training cell fits a model once: its engines gave their "
+                          "copies back after the first fit, which the notebook has whole. Put the second fit in the "
+                          "next cell.")
+
+
 def notebook_name(model) -> str | None:
     """The name the engine's namespace (the notebook's replayed cells) holds `model` under, if any."""
     from .namespace import user_namespace

@@ -166,7 +166,7 @@ def digests(names: list[str]) -> dict:
     out = {}
     for name in names:
         model = namespace.get(name)
-        usable = isinstance(model, keras.Model) and not getattr(model, "_nbdist_released", False)  # (pipeline)
+        usable = isinstance(model, keras.Model) and not getattr(model, "_nbdist_released", False)  # (model_parts)
         whole = usable and not any_empty(model.weights)
         out[name] = (architecture(model), ModelState.of(model).digest() if whole else None) if usable else None
     return out
@@ -191,7 +191,7 @@ def install(name: str, state: ModelState) -> None:
             optimizer.build(model.trainable_variables)
         if [tuple(v.shape) for v in optimizer.variables] == [tuple(np.shape(a)) for a in state.optimizer]:
             for variable, value in zip(optimizer.variables, state.optimizer):
-                variable.assign(value)
+                fill(variable, value)  # (emptied by a model-parallel run)
     model.train_function = None  # retraced: the trainable set or the optimizer may have changed
 
 

@@ -119,3 +119,11 @@ def test_a_model_the_notebook_holds_reaches_each_engine_as_its_slices_and_two_fi
         assert fetched == [True, True]  # no engine built the model whole: each fetched its slices
     assert kernel.value(DIFF.format(what="weights", expr="held.get_weights()")) < 1e-5
     assert kernel.value(DIFF.format(what="slots", expr="held.optimizer.variables")) < 1e-5
+
+
+def test_a_second_fit_of_one_model_in_the_cell_is_refused_before_it_trains(kernel, cluster):
+    engines = idle_engines(cluster, 2)
+    fit = "twice.fit(tx, ty, batch_size=32, epochs=1, steps_per_epoch=2, shuffle=False)"
+    cell = f"twice = mlp()\ntwice.compile(optimizer='sgd', loss='sparse_categorical_crossentropy')\n{fit}\n{fit}"
+    reply = kernel.run(f"%%distribute --strategy tensor --targets {','.join(map(str, engines))}\n{cell}", timeout=240)
+    assert reply.status == "error" and "fits a model once" in reply.error_text, reply.error_text

@@ -20,7 +20,8 @@ MB = 1 << 20
 # What an engine may allocate once capped (its TensorFlow, imported before, is not counted): less than the model's
 # variables and Adam slots (805 MB). A stage's engine holds half of them (403 MB), one micro-batch's gradients
 # (134 MB) and the optimizer's temporaries for one 34 MB variable at a time: it peaked at 676 MB on this machine
-# (`memory.max_usage_in_bytes`). One engine training the whole model is killed while it receives it.
+# (`memory.max_usage_in_bytes`); a tensor engine holds half of every layer and its slots and peaked at 500 MB.
+# One engine training the whole model is killed while it receives it.
 CAP = 760 * MB
 
 DEFINE = f'''

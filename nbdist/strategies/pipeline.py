@@ -13,10 +13,10 @@ import contextlib
 import numpy as np
 
 from .. import gpus
-from ..empty_weights import empty, fill, materialized, weights_without_values
+from ..empty_weights import fill, materialized, weights_without_values
 from ..errors import OptionError
 from ..keras_bridge import FitResult, build_from_sample
-from ..model_parts import load_slots, notebook_name, optimizer_prefix, taken
+from ..model_parts import load_slots, notebook_name, optimizer_prefix, refuse_second_fit, release, taken
 from ..pipeline import schedule as schedules
 from ..pipeline import split as splits
 from ..pipeline.links import AddressBook, StageLinks
@@ -66,9 +66,7 @@ class PipelineWorker(Worker):
     def fit(self, request):
         model = request.model
         self.refuse_other_optimizers(request)
-        if getattr(model, "_nbdist_released", False):
-            raise OptionError("under --strategy pipeline a training cell fits a model once: this engine gave the other "
-                              "stages' variables back after the first fit. Put the second fit in the next cell.")
+        refuse_second_fit(model, "pipeline")
         arrays = fit_arrays(request)
         if not model.built:
             with weights_without_values():  # each stage gives values to its own part only
@@ -87,7 +85,7 @@ class PipelineWorker(Worker):
             self.layout = stage_layout(model, part)
             stage.compile(**stage_compile_args(model, self.last), run_eagerly=True)
             fill_own_part(model, stage, self.layout, links.desk)
-            release_other_variables(model, part)
+            release(model, keep=part.weights)
             stage.steps.control = control
             self.stage, self.plan, self.links = stage, plan, links
             history = self._fit_stage(request, stage, arrays)
@@ -257,19 +255,6 @@ def fill_own_part(model, stage, layout, desk) -> None:
     for variable, value in zip(layout["variables"], weights or [None] * len(layout["variables"])):
         fill(variable, value)
     load_slots(stage.optimizer, stage.trainable_variables, slots)
-
-
-def release_other_variables(model, part) -> None:
-    """Free what this engine holds of the other stages' layers (their variables, where an earlier run or the cell
-    gave them values, and the optimizer's). The engine's copy is marked, so the next run sends the notebook's
-    model whole."""
-    own = {id(v) for v in part.weights}
-    doomed = [v for v in model.weights if id(v) not in own]
-    if getattr(model.optimizer, "built", False):
-        doomed += list(model.optimizer.variables)
-    for variable in doomed:
-        empty(variable)
-    model._nbdist_released = True
 
 
 def time_segments(chain, x, batch: int) -> list[float]:

@@ -20,7 +20,8 @@ import numpy as np
 
 from ..empty_weights import fill
 from ..keras_bridge import FitResult, build_from_sample
-from ..model_parts import DeskClient, PartsDesk, cut, load_slots, notebook_name, optimizer_prefix, taken
+from ..model_parts import (DeskClient, PartsDesk, cut, load_slots, notebook_name, optimizer_prefix, refuse_second_fit,
+                           release, taken)
 from ..ps import wire
 from ..tensor_parallel.model import engine_bytes, parallel_model, twins, weight_axes, whole
 from ..tensor_parallel.plan import plan_splits
@@ -42,8 +43,9 @@ class TensorWorker(HfdtWorker):
 
     def fit(self, request):
         self.refuse_other_optimizers(request)
-        hvd = self._init_horovod()
         model = request.model
+        refuse_second_fit(model, "tensor")
+        hvd = self._init_horovod()
         links = self.config["parts"]
         desk = DeskClient(links["desk"], bytes.fromhex(links["key"]), hvd.rank(),
                           f"tensor rank {hvd.rank()} (engine {links['engines'][hvd.rank()]})")
@@ -53,6 +55,7 @@ class TensorWorker(HfdtWorker):
             plan = plan_splits(model, hvd.size(), self.values.get("split_layers"))
             axes = weight_axes(plan, model)
             values, slots, from_notebook = self._own_values(hvd, desk, model, axes)
+            release(model)  # (this engine's copy: the slices above are all it trains with)
             parallel = parallel_model(model, plan, hvd.rank(), hvd.size(), values)
             del values
             trainable = twins_of_trainable(model, parallel)
