@@ -65,7 +65,7 @@ class DealtBatches:
         order = epoch_order(self.n, self.seed, epoch, self.shuffle)
         while True:
             with self.arrived:
-                while not self.queue and not self.spent:
+                while not self.queue and not self.spent and not self.stopped:  # stopped: evicted, or a stop
                     if self.client.aborted:
                         return
                     self.arrived.wait(self.WAIT_S)

@@ -139,6 +139,27 @@ def test_a_batch_request_that_names_other_data_is_refused():
         ask(shard, 1, n=11)
 
 
+def test_an_evicted_worker_waiting_for_a_batch_ends_its_epoch():
+    """Its batch request is answered with the stop (not the epoch's end): its pipeline must end on it too, or
+    its step waits for a batch forever (a CI run hung there)."""
+    from nbdist.dynamic_data import DealtBatches
+
+    shard = dealing_shard()
+    ask(shard, 1)
+    ask(shard, 0)
+    shard.handle(b"k", message("control", worker="controller", action="evict", value=1))
+    [(_, kind, _, answer)] = shard.handle(b"w1", message("batch", worker=1, epoch=0, size=4, n=10, depth=1))
+    assert kind == "weights" and answer.get("stop") is True and not answer.get("spent")
+
+    class Client:  # the worker's side of the wire: this answer is what its request returns
+        aborted = False
+
+    batches = DealtBatches(Client(), n=10, seed=5, size=4)
+    batches.spent = False
+    batches._take(answer)
+    assert list(batches.positions(0)) == []
+
+
 def test_keras_runs_every_epoch_until_its_batches_end_whatever_their_number():
     import keras
 
