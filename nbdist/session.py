@@ -404,8 +404,9 @@ class Session:
             print(f"nbdist: virtual clock: a step at speed 1 costs {run.virtual_step}; --simulate \"...; "
                   f"clock=virtual; step={run.virtual_step}\" reproduces this run.")
         for written in (f for fit in run.fits for f in fit.files):
+            note = written.get("note") or "rank 0's engine; the other workers did not write files"
             print(f"nbdist: {written['callback']} of the cell wrote {written['path']} on host {written['host']} "
-                  "(rank 0's engine; the other workers did not write files).")
+                  f"({note}).")
         conclude = getattr(run.display, "conclude", None)
         if conclude is not None:
             conclude()

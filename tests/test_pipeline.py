@@ -136,3 +136,40 @@ def test_a_model_the_notebook_trained_reaches_each_stage_as_its_part_and_continu
     assert kernel.value(DIFF.format("pipe[0]", "held.get_weights()")) <= 1e-5
     assert kernel.value(DIFF.format("pipe[1]", "[v.numpy() for v in held.optimizer.variables]")) <= 1e-5
     assert kernel.value("int(held.optimizer.iterations.numpy())") == 2 + 5
+
+
+def test_a_model_checkpoint_is_written_by_every_stage_and_read_back_whole_by_keras(kernel, cluster, tmp_path):
+    """No engine holds the whole model: each stage writes its part of the best epoch's checkpoint, the last
+    stage the index; the notebook's own `load_weights` reads the run's weights and Adam slots back."""
+    idle_engines(cluster, 2)
+    path = tmp_path / "best.weights.h5"
+    cell = f'''
+model = build()
+model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy")
+best = keras.callbacks.ModelCheckpoint({str(path)!r}, monitor="loss", save_best_only=True, save_weights_only=True)
+history = model.fit(x, y, batch_size=40, epochs=3, steps_per_epoch=10, shuffle=False, callbacks=[best])
+'''
+    reply = kernel.run("%%distribute --strategy pipeline --stages 2 --seed 2\n" + cell, timeout=240).check()
+    index = tmp_path / "best.weights.json"
+    assert f"ModelCheckpoint of the cell wrote {index} on host" in reply.stdout and "sharded checkpoint" in reply.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.weights.json", "best_00000.weights.h5",
+                                                        "best_00001.weights.h5"]
+    losses = kernel.value("history.history['loss']")
+    assert losses.index(min(losses)) == 2 and kernel.value("best.best") == pytest.approx(min(losses))
+    kernel.run("run_w, run_opt = model.get_weights(), [v.numpy() for v in model.optimizer.variables]\n"
+               "back = build(); back.compile(optimizer=keras.optimizers.Adam(1e-3), "
+               "loss='sparse_categorical_crossentropy'); back.optimizer.build(back.trainable_variables)\n"
+               f"back.load_weights({str(index)!r})").check()
+    assert kernel.value(DIFF.format("run_w", "back.get_weights()")) == 0
+    assert kernel.value(DIFF.format("run_opt", "[v.numpy() for v in back.optimizer.variables]")) == 0
+
+
+def test_savers_a_pipeline_cannot_serve_are_refused_before_training(kernel, cluster, tmp_path):
+    idle_engines(cluster, 2)
+    for callback, says in ((f"keras.callbacks.ModelCheckpoint({str(tmp_path / 'm.keras')!r})",
+                            "writes ModelCheckpoint's weights only"),
+                           (f"keras.callbacks.BackupAndRestore({str(tmp_path)!r})", "cannot run BackupAndRestore")):
+        reply = kernel.run("%%distribute --strategy pipeline --stages 2\nmodel = build()\n"
+                           "model.compile(optimizer='sgd', loss='sparse_categorical_crossentropy')\n"
+                           f"model.fit(x, y, epochs=1, steps_per_epoch=2, callbacks=[{callback}])", timeout=180)
+        assert reply.ename == "OptionError" and says in reply.evalue, reply.error_text

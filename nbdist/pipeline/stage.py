@@ -90,6 +90,7 @@ def stage_model(part, position: Position, links, plan: dict, arrays: dict):
             super().__init__(name=f"pipeline_stage_{position.stage}")
             self.part = part
             self.steps = StageSteps(position, links, plan, arrays)
+            self.checkpoint = None  # writes this stage's shard of a checkpoint (set by the worker)
 
         def call(self, inputs, training=False):
             return self.part(inputs, training=training)
@@ -105,6 +106,18 @@ def stage_model(part, position: Position, links, plan: dict, arrays: dict):
 
         def test_step(self, data):
             return self.steps.test(self, data)
+
+        def save_weights(self, filepath, overwrite=True, max_shard_size=None):
+            """A ModelCheckpoint's save: this stage's shard of the whole model's sharded checkpoint."""
+            if self.checkpoint is not None:
+                self.checkpoint(filepath)
+
+        def save(self, filepath, overwrite=True, **kwargs):
+            from ..errors import OptionError
+
+            raise OptionError("--strategy pipeline saves the weights only (no engine holds the whole model to save "
+                              f"it as {filepath!r}): give ModelCheckpoint save_weights_only=True and a .weights.h5 "
+                              "path, or save the notebook's model after the cell")
 
     return Stage()
 

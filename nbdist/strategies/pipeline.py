@@ -22,6 +22,7 @@ from ..pipeline import split as splits
 from ..pipeline.links import AddressBook, StageLinks
 from ..pipeline.replicas import Position
 from ..pipeline.stage import gather, index_batches, stage_model
+from ..sharded_checkpoint import Ownership, index_path, write_part
 from ..ps import wire
 from ..sharding import is_dataset
 from .base import Option, Reports, Strategy, Worker
@@ -38,7 +39,6 @@ REPLICAS = Option("--replicas", "data parallelism across pipelines: R pipelines 
 SCHEDULE = Option("--schedule", "micro-batch order: 1f1b (one forward, one backward; at most K micro-batches "
                   "of activations per stage) or gpipe (all forwards, then all backwards)", default="1f1b",
                   choices=schedules.KINDS)
-WHOLE_MODEL_SAVERS = ("ModelCheckpoint", "BackupAndRestore")
 TIMING_REPEATS = 3
 
 
@@ -86,6 +86,7 @@ class PipelineWorker(Worker):
             stage.compile(**stage_compile_args(model, self.last), run_eagerly=True)
             fill_own_part(model, stage, self.layout, links.desk)
             release(model, keep=part.weights)
+            stage.checkpoint = self._checkpoint_writer(model, chain, plan, stage)
             stage.steps.control = control
             self.stage, self.plan, self.links = stage, plan, links
             history = self._fit_stage(request, stage, arrays)
@@ -122,8 +123,20 @@ class PipelineWorker(Worker):
         from .. import callbacks
 
         kept, changes = callbacks.for_rank(request.callbacks, 0 if self.keeps_callbacks else self.rank + 1, self.size)
-        self.files_written = callbacks.files_written(kept) if self.keeps_callbacks else []
+        # every stage runs a ModelCheckpoint (on the same logs, so they save together): each writes its shard
+        kept = [c for c in request.callbacks or [] if c in kept or type(c).__name__ == "ModelCheckpoint"]
+        self.files_written = [sharded_note(w) for w in callbacks.files_written(kept)] if self.keeps_callbacks else []
         return kept, changes
+
+    def _checkpoint_writer(self, model, chain, plan, stage):
+        """What a ModelCheckpoint's save runs on this stage: its shard of a sharded checkpoint (the first
+        pipeline's stages write; the last of them writes the index too)."""
+        if self.position.replica:
+            return lambda filepath: None
+        ownership = Ownership.of_parts(splits.stage_ranges(chain, plan["cut_at"]), self.position.stage,
+                                       keeper=self.position.stages - 1, optimizer=stage.optimizer,
+                                       own_trainable_index=self.layout["trainable_index"])
+        return lambda filepath: write_part(model, filepath, ownership)
 
     def _plan(self, chain, arrays, request) -> dict:
         """Stage 0's choice of cuts, with each candidate segment's measured time and bytes."""
@@ -215,11 +228,26 @@ def _index(data, where):
 
 
 def refuse_whole_model_savers(callbacks) -> None:
+    """Before training: a saver a pipeline cannot serve (no engine holds the whole model), with what to do."""
     for callback in callbacks or []:
-        if type(callback).__name__ in WHOLE_MODEL_SAVERS:
-            raise OptionError(f"--strategy pipeline cannot run {type(callback).__name__}: it saves the whole model, and "
-                              "no engine holds the whole model. Save the notebook's model after the cell "
-                              "(model.save(...)), or use a data-parallel strategy.")
+        name = type(callback).__name__
+        if name == "BackupAndRestore":
+            raise OptionError("--strategy pipeline cannot run BackupAndRestore yet: no engine holds the whole model "
+                              "to back up. Use ModelCheckpoint(save_weights_only=True), which each stage writes its "
+                              "part of, or a data-parallel strategy.")
+        if name == "ModelCheckpoint" and not callback.save_weights_only:
+            raise OptionError(f"--strategy pipeline writes ModelCheckpoint's weights only, as a sharded checkpoint "
+                              f"(no engine holds the whole model to save as {callback.filepath!r}): give it "
+                              "save_weights_only=True and a path ending in .weights.h5.")
+
+
+def sharded_note(written: dict) -> dict:
+    """Where a stage's callback wrote: a ModelCheckpoint's save is the index of a sharded checkpoint."""
+    if written["callback"] != "ModelCheckpoint":
+        return written
+    return {**written, "path": str(index_path(written["path"])),
+            "note": "a sharded checkpoint: an index and one file per stage beside it, each written by its stage; "
+                    "model.load_weights(path) reads it"}
 
 
 def stage_layout(model, part) -> dict:
