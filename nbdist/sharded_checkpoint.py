@@ -1,19 +1,24 @@
-"""A checkpoint of a model no engine holds whole, in Keras' own sharded format: each owner of a part of the model
-writes its values to its own file (`<name>_<owner>.weights.h5`) and one owner writes the index
-(`<name>.weights.json`) that maps each layer's and the optimizer's variables to the files holding them.
-Keras' `model.load_weights("<name>.weights.json")` reads it on any host that holds the whole model (the
-notebook's).
+"""Checkpoints of a model no engine holds whole, in Keras' own formats, so that the notebook's `load_weights` (or
+any host's) reads them:
 
-Every owner walks the whole model (its layer graph exists on every engine, the variables of other owners'
-parts without values) with Keras' own saving walk, so the paths are Keras'; each value is written by its owner
-only. The optimizer's variables are numbered as the whole model's optimizer numbers them (its iterations and
-learning rate, then each trainable variable's slots in turn); each owner writes its slots under those numbers.
+- `pipeline` (`write_part`): each stage writes its layers' values and its optimizer slots to its own file,
+  `<name>_<stage>.weights.h5`, and the last stage the index `<name>.weights.json` that maps every group of the
+  whole model to the files holding it (Keras' sharded format: `model.load_weights("<name>.weights.json")`);
+- `tensor` (`write_gathered`): every layer is split across all ranks, so the ranks gather one variable at a
+  time (no engine ever holds more than one whole variable) and rank 0 writes the plain `<name>.weights.h5`.
+
+Every engine walks the whole model (its layer graph exists on every engine, the variables without values where
+another engine owns them) with Keras' own saving walk, so the paths are Keras'. The optimizer's variables are
+numbered as the whole model's optimizer numbers them: its counters (iterations, learning rate), then each
+trainable variable's slots in turn.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import pathlib
+from typing import Callable
 
 from .errors import OptionError
 
@@ -23,12 +28,32 @@ INDEX_SUFFIX = ".weights.json"
 def index_path(filepath) -> pathlib.Path:
     """The index of the sharded checkpoint a save to `filepath` (`x.weights.h5` or `x.weights.json`) writes."""
     path = pathlib.Path(filepath)
-    name = path.name
     for suffix in (".weights.h5", INDEX_SUFFIX):
-        if name.endswith(suffix):
-            return path.with_name(name[: -len(suffix)] + INDEX_SUFFIX)
+        if path.name.endswith(suffix):
+            return path.with_name(path.name[: -len(suffix)] + INDEX_SUFFIX)
     raise OptionError(f"a sharded checkpoint is written to a path ending in .weights.h5 or {INDEX_SUFFIX} (Keras' "
                       f"save_weights names); received {str(filepath)!r}")
+
+
+def refuse_unservable_savers(callbacks, strategy: str) -> None:
+    """Before training, under a model-parallel `strategy`: a saver no engine can serve (none holds the whole
+    model), with what to do instead."""
+    for callback in callbacks or []:
+        name = type(callback).__name__
+        if name == "BackupAndRestore":
+            raise OptionError(f"--strategy {strategy} cannot run BackupAndRestore yet: no engine holds the whole "
+                              "model to back up. Use ModelCheckpoint(save_weights_only=True), which the engines write "
+                              "together, or a data-parallel strategy.")
+        if name == "ModelCheckpoint" and not callback.save_weights_only:
+            raise OptionError(f"--strategy {strategy} writes ModelCheckpoint's weights only (no engine holds the whole "
+                              f"model to save as {callback.filepath!r}): give it save_weights_only=True and a path "
+                              "ending in .weights.h5.")
+
+
+def with_checkpoints(callbacks, kept: list) -> list:
+    """The cell's `callbacks` this engine runs: those `kept` for its rank and every ModelCheckpoint, in the
+    cell's order (each engine writes its part of the checkpoint, on the same logs, so they save together)."""
+    return [c for c in callbacks or [] if c in kept or type(c).__name__ == "ModelCheckpoint"]
 
 
 def shard_path(index: pathlib.Path, owner: int) -> pathlib.Path:
@@ -36,108 +61,126 @@ def shard_path(index: pathlib.Path, owner: int) -> pathlib.Path:
 
 
 class Ownership:
-    """Who owns what of the whole model: `owner_of` maps each variable (by id) to its owner; `slots` maps this
-    owner's optimizer variables to their numbers in the whole model's optimizer; `keeper` writes the index and
-    the optimizer's own counters (iterations, learning rate)."""
+    """Who owns what of the whole model under `pipeline`: `owner_of` maps each variable (by id) to its owner;
+    `slots` maps this owner's optimizer variables to their numbers in the whole model's optimizer; `keeper`
+    writes the index and the optimizer's counters."""
 
-    def __init__(self, owner_of: dict[int, int], owners: int, me: int, keeper: int, slots: dict[int, object],
-                 per: int):
-        self.owner_of, self.owners, self.me, self.keeper, self.slots = owner_of, owners, me, keeper, slots
+    def __init__(self, owner_of: dict[int, int], me: int, keeper: int, slots: dict[int, object], per: int):
+        self.owner_of, self.me, self.keeper, self.slots = owner_of, me, keeper, slots
         self.per = per  # slots per trainable variable (Adam 2, SGD with momentum 1, plain SGD 0)
-
-    def slot_owners(self, trainable) -> set[int]:
-        """The owners whose shard holds some of the optimizer's variables (`trainable`: the whole model's)."""
-        return {self.keeper} | ({self.owner_of[id(v)] for v in trainable if id(v) in self.owner_of} if self.per else set())
 
     @classmethod
     def of_parts(cls, parts: list[list], me: int, keeper: int, optimizer, own_trainable_index: list[int]):
         """Owner k holds the layers `parts[k]`; this owner's `optimizer` trains its trainable variables, which
         are `own_trainable_index` among the whole model's."""
+        from .model_parts import optimizer_prefix
+
         owner_of = {id(v): k for k, layers in enumerate(parts) for layer in layers for v in layer.weights}
-        variables = list(optimizer.variables)
-        prefix = optimizer_prefix(optimizer)
+        variables, prefix = list(optimizer.variables), optimizer_prefix(optimizer)
         per = (len(variables) - prefix) // len(own_trainable_index) if own_trainable_index else 0
         slots = {prefix + whole * per + t: variables[prefix + j * per + t]
                  for j, whole in enumerate(own_trainable_index) for t in range(per)}
         if me == keeper:
             slots.update(enumerate(variables[:prefix]))
-        return cls(owner_of, len(parts), me, keeper, slots, per)
+        return cls(owner_of, me, keeper, slots, per)
 
+    def owner(self, variable) -> int:
+        return self.owner_of.get(id(variable), self.keeper)
 
-def optimizer_prefix(optimizer) -> int:
-    from .model_parts import optimizer_prefix as prefix
-
-    return prefix(optimizer)
+    def slot_owners(self, trainable) -> set[int]:
+        """The owners whose file holds some of the optimizer's variables (`trainable`: the whole model's)."""
+        return {self.keeper} | ({self.owner(v) for v in trainable} if self.per else set())
 
 
 def write_part(model, filepath, ownership: Ownership) -> pathlib.Path:
-    """This owner's part of `model` (and of its optimizer) to its shard of the checkpoint at `filepath`; the
-    keeper also writes the index. The index's path."""
-    from keras.src.saving import saving_lib
-
+    """`pipeline`: this owner's part of `model` and of its optimizer to its file of the sharded checkpoint at
+    `filepath`; the keeper also writes the index. The index's path."""
     index = index_path(filepath)
     index.parent.mkdir(parents=True, exist_ok=True)
-    shard = shard_path(index, ownership.me)
-    store = _OwnValues(shard, ownership)
-    try:
-        skip = {id(model.optimizer)} if getattr(model, "optimizer", None) is not None else set()
-        saving_lib._save_state(model, weights_store=store, assets_store=None, inner_path="",
-                               visited_saveables=skip)
-        if getattr(model, "optimizer", None) is not None:
-            store.optimizer(model.optimizer.name, ownership.slot_owners(model.trainable_variables))
-    finally:
-        store.close()
-    if ownership.me == ownership.keeper:
-        config = {"metadata": {"total_size": 0, "nbdist": {"owners": ownership.owners}},
+    me = ownership.me
+    store = _value_store(shard_path(index, me), lambda v: v if ownership.owner(v) == me else None, ownership.owner)
+    slots = {number: (lambda v=v: v.numpy()) for number, v in sorted(ownership.slots.items())}
+    _walk(model, store, slots, ownership.slot_owners(model.trainable_variables))
+    if me == ownership.keeper:
+        config = {"metadata": {"total_size": 0},
                   "weight_map": {group: [shard_path(index, k).name for k in sorted(owners)]
                                  for group, owners in store.weight_map.items()}}
-        partial = index.with_name(index.name + ".partial")
+        partial = index.with_name(index.name + ".partial")  # a reader never sees half an index
         partial.write_text(json.dumps(config, indent=1))
         partial.replace(index)
     return index
 
 
-def _own_values_store():
+def write_gathered(model, filepath, gather: Callable, slots: dict[int, Callable], writer: bool) -> pathlib.Path:
+    """`tensor`: the whole `model` to the plain Keras file `filepath`, one variable at a time: `gather(variable)`
+    (a collective every rank calls in the same order) gives its whole value, which the `writer` rank writes;
+    `slots` gives each optimizer variable's number and its gathering."""
+    path = pathlib.Path(filepath)
+    if not path.name.endswith(".weights.h5"):
+        raise OptionError(f"Keras writes weights to a path ending in .weights.h5; received {str(filepath)!r}")
+    if writer:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    target = path.with_name(path.name + ".partial") if writer else io.BytesIO()  # the others write nothing
+
+    def kept(whole):
+        return whole if writer else None
+
+    store = _value_store(target, lambda variable: kept(gather(variable)))
+    _walk(model, store, {number: (lambda g=g: kept(g())) for number, g in sorted(slots.items())}, set())
+    if writer:
+        target.replace(path)
+    return path
+
+
+def _walk(model, store, slots: dict[int, Callable], slot_owners: set[int]) -> None:
+    """Keras' saving walk over `model` into `store`, the optimizer's variables from `slots` (its own variables
+    are not the engine's: a stage or slice trains with its own optimizer)."""
+    from keras.src.saving import saving_lib
+
+    optimizer = getattr(model, "optimizer", None)
+    try:
+        saving_lib._save_state(model, weights_store=store, assets_store=None, inner_path="",
+                               visited_saveables={id(optimizer)} if optimizer is not None else set())
+        if optimizer is not None:
+            store.optimizer(optimizer.name, slots, slot_owners)
+    finally:
+        store.close()
+
+
+def _value_store(path_or_io, value_of: Callable, owner_of: Callable | None = None):
+    """Keras' H5 store that writes `value_of(variable)` for each variable the walk hands it (nothing where it is
+    None) and maps every group of the whole model to the owners of its values (what an index says)."""
     from keras.src.saving.saving_lib import H5IOStore
 
-    class OwnValues(H5IOStore):
-        """Keras' H5 store that writes only the values this owner owns, and maps every group of the whole model to
-        the owners of its values (what the index says)."""
-
-        def __init__(self, path, ownership: Ownership):
-            super().__init__(path, mode="w")
-            self.ownership = ownership
+    class ValueStore(H5IOStore):
+        def __init__(self):
+            super().__init__(path_or_io, mode="w")
             self.weight_map: dict[str, set[int]] = {}
             self._metadata = None
 
         def make(self, path, metadata=None):
-            self._metadata = metadata  # a group is made only where this owner writes a value
+            self._metadata = metadata  # a group is made only where this engine writes a value
             return super().make(path, None)
 
-        def __setitem__(self, key, value):
-            owner = self.ownership.owner_of.get(id(value), self.ownership.keeper)
-            self._note(owner)
-            if owner == self.ownership.me:
-                if not self._h5_entry_initialized:
-                    self._create_h5_group(self._h5_entry_path, metadata=self._metadata)
-                super().__setitem__(key, value)
+        def __setitem__(self, key, variable):
+            if owner_of is not None:
+                group = f"/{self._h5_entry_path}/vars" if self._h5_entry_path else "/vars"
+                self.weight_map.setdefault(group, set()).add(owner_of(variable))
+            self._write(key, value_of(variable))
 
-        def optimizer(self, name: str, owners: set[int]) -> None:
-            """The whole optimizer's variables this owner holds, under their numbers in the whole optimizer
-            (`owners`: every owner that holds some)."""
+        def optimizer(self, name: str, slots: dict[int, Callable], owners: set[int]) -> None:
+            """The whole optimizer's variables this engine writes, under their numbers (`owners`: the engines
+            whose files hold some)."""
             self.make("optimizer", {"name": name})
             self.weight_map["/optimizer/vars"] = set(owners)
-            for number, variable in sorted(self.ownership.slots.items()):
-                if not self._h5_entry_initialized:
-                    self._create_h5_group(self._h5_entry_path, metadata=self._metadata)
-                H5IOStore.__setitem__(self, str(number), variable.numpy())
+            for number, value in slots.items():
+                self._write(str(number), value())
 
-        def _note(self, owner: int) -> None:
-            group = f"/{self._h5_entry_path}/vars" if self._h5_entry_path else "/vars"
-            self.weight_map.setdefault(group, set()).add(owner)
+        def _write(self, key, value) -> None:
+            if value is None:
+                return
+            if not self._h5_entry_initialized:
+                self._create_h5_group(self._h5_entry_path, metadata=self._metadata)
+            H5IOStore.__setitem__(self, key, value)
 
-    return OwnValues
-
-
-def _OwnValues(path, ownership):  # noqa: N802 - the class is made on demand, so this module imports without Keras
-    return _own_values_store()(path, ownership)
+    return ValueStore()

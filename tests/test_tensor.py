@@ -127,3 +127,25 @@ def test_a_second_fit_of_one_model_in_the_cell_is_refused_before_it_trains(kerne
     cell = f"twice = mlp()\ntwice.compile(optimizer='sgd', loss='sparse_categorical_crossentropy')\n{fit}\n{fit}"
     reply = kernel.run(f"%%distribute --strategy tensor --targets {','.join(map(str, engines))}\n{cell}", timeout=240)
     assert reply.status == "error" and "fits a model once" in reply.error_text, reply.error_text
+
+
+def test_a_model_checkpoint_is_gathered_a_variable_at_a_time_and_read_back_whole_by_keras(kernel, cluster, tmp_path):
+    """Every rank takes part in each save (the split kernels are gathered one at a time), rank 0 writes the plain
+    Keras file; the notebook's load_weights reads the run's weights and Adam slots back."""
+    engines = idle_engines(cluster, 2)
+    path = tmp_path / "best.weights.h5"
+    cell = (f"ckpt = mlp()\nckpt.compile(optimizer=keras.optimizers.Adam(1e-3), loss='sparse_categorical_crossentropy')\n"
+            f"best = keras.callbacks.ModelCheckpoint({str(path)!r}, monitor='loss', save_best_only=True, "
+            "save_weights_only=True)\n"
+            "h = ckpt.fit(tx, ty, batch_size=32, epochs=3, steps_per_epoch=5, shuffle=False, callbacks=[best])")
+    kernel.run(f"%%distribute --strategy tensor --seed 4 --targets {','.join(map(str, engines))}\n{cell}",
+               timeout=240).check()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.weights.h5"]
+    losses = kernel.value("h.history['loss']")
+    assert losses.index(min(losses)) == 2
+    kernel.run("back = mlp(); back.compile(optimizer=keras.optimizers.Adam(1e-3), "
+               "loss='sparse_categorical_crossentropy'); back.optimizer.build(back.trainable_variables)\n"
+               f"back.load_weights({str(path)!r})\n"
+               "local_weights, local_slots = ckpt.get_weights(), [v.numpy() for v in ckpt.optimizer.variables]").check()
+    assert kernel.value(DIFF.format(what="weights", expr="back.get_weights()")) == 0
+    assert kernel.value(DIFF.format(what="slots", expr="back.optimizer.variables")) == 0

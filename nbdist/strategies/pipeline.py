@@ -22,7 +22,7 @@ from ..pipeline import split as splits
 from ..pipeline.links import AddressBook, StageLinks
 from ..pipeline.replicas import Position
 from ..pipeline.stage import gather, index_batches, stage_model
-from ..sharded_checkpoint import Ownership, index_path, write_part
+from ..sharded_checkpoint import Ownership, index_path, refuse_unservable_savers, with_checkpoints, write_part
 from ..ps import wire
 from ..sharding import is_dataset
 from .base import Option, Reports, Strategy, Worker
@@ -71,7 +71,7 @@ class PipelineWorker(Worker):
         if not model.built:
             with weights_without_values():  # each stage gives values to its own part only
                 build_from_sample(model, arrays["train"]["x"])
-        refuse_whole_model_savers(request.callbacks)
+        refuse_unservable_savers(request.callbacks, "pipeline")
         chain = splits.chain_of(model)
         control = self.control_point()
         links = StageLinks(self.config["links"], self.rank, self.config["engines"],
@@ -123,8 +123,7 @@ class PipelineWorker(Worker):
         from .. import callbacks
 
         kept, changes = callbacks.for_rank(request.callbacks, 0 if self.keeps_callbacks else self.rank + 1, self.size)
-        # every stage runs a ModelCheckpoint (on the same logs, so they save together): each writes its shard
-        kept = [c for c in request.callbacks or [] if c in kept or type(c).__name__ == "ModelCheckpoint"]
+        kept = with_checkpoints(request.callbacks, kept)
         self.files_written = [sharded_note(w) for w in callbacks.files_written(kept)] if self.keeps_callbacks else []
         return kept, changes
 
@@ -225,20 +224,6 @@ def _index(data, where):
     if isinstance(data, (list, tuple)):
         return [v[where] for v in data]
     return data[where]
-
-
-def refuse_whole_model_savers(callbacks) -> None:
-    """Before training: a saver a pipeline cannot serve (no engine holds the whole model), with what to do."""
-    for callback in callbacks or []:
-        name = type(callback).__name__
-        if name == "BackupAndRestore":
-            raise OptionError("--strategy pipeline cannot run BackupAndRestore yet: no engine holds the whole model "
-                              "to back up. Use ModelCheckpoint(save_weights_only=True), which each stage writes its "
-                              "part of, or a data-parallel strategy.")
-        if name == "ModelCheckpoint" and not callback.save_weights_only:
-            raise OptionError(f"--strategy pipeline writes ModelCheckpoint's weights only, as a sharded checkpoint "
-                              f"(no engine holds the whole model to save as {callback.filepath!r}): give it "
-                              "save_weights_only=True and a path ending in .weights.h5.")
 
 
 def sharded_note(written: dict) -> dict:

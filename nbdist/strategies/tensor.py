@@ -23,6 +23,7 @@ from ..keras_bridge import FitResult, build_from_sample
 from ..model_parts import (DeskClient, PartsDesk, cut, load_slots, notebook_name, optimizer_prefix, refuse_second_fit,
                            release, taken)
 from ..ps import wire
+from ..sharded_checkpoint import refuse_unservable_savers, with_checkpoints, write_gathered
 from ..tensor_parallel.model import engine_bytes, parallel_model, twins, weight_axes, whole
 from ..tensor_parallel.plan import plan_splits
 from . import horovod_ops as ops
@@ -45,6 +46,7 @@ class TensorWorker(HfdtWorker):
         self.refuse_other_optimizers(request)
         model = request.model
         refuse_second_fit(model, "tensor")
+        refuse_unservable_savers(request.callbacks, "tensor")
         hvd = self._init_horovod()
         links = self.config["parts"]
         desk = DeskClient(links["desk"], bytes.fromhex(links["key"]), hvd.rank(),
@@ -60,12 +62,14 @@ class TensorWorker(HfdtWorker):
             del values
             trainable = twins_of_trainable(model, parallel)
             load_slots(parallel.optimizer, trainable, slots)
+            parallel.save_weights = checkpoint_writer(hvd, model, parallel, axes)
             if self.spec.get("seed") is None:  # every engine must draw the same batches (and Dropout masks)
                 import keras
 
                 keras.utils.set_random_seed(hvd.broadcast_object(random.randrange(2 ** 31), root_rank=0,
                                                                  name="nbdist_tp_seed"))
-            callbacks = [*self.user_callbacks(request), self.make_reporter(request.samples_per_step or 32)]
+            callbacks = [*with_checkpoints(request.callbacks, self.user_callbacks(request)),
+                         self.make_reporter(request.samples_per_step or 32)]
             history = request.original_fit(parallel, **{**request.args, "callbacks": callbacks, "verbose": 0})
             self.fit_timings["tensor"] = {"plan": plan, "engine_bytes": engine_bytes(parallel), "rank": hvd.rank(),
                                           "from_notebook": from_notebook,
@@ -120,6 +124,33 @@ class TensorWorker(HfdtWorker):
         result = FitResult.collect(None, history, records, timings, states, self.files_written)
         result.parts = {"fit": timings["tensor"]["fit"]}
         return result
+
+
+def checkpoint_writer(hvd, model, parallel, axes):
+    """What a ModelCheckpoint's save runs on every rank: the whole model's weights and optimizer variables
+    gathered one at a time (a collective, in the same order on every rank), written by rank 0."""
+    twin_of = dict(zip(map(id, model.weights), zip(twins(model, parallel), axes)))
+    trainable = {id(v) for v in model.trainable_variables}
+    slot_axes = [axis for v, axis in zip(model.weights, axes) if id(v) in trainable]
+    calls = [0]
+
+    def gathered(variable, axis):
+        value = np.asarray(variable.numpy())
+        if axis is None:
+            return value
+        calls[0] += 1
+        moved = np.ascontiguousarray(np.moveaxis(value, axis, 0))
+        return np.moveaxis(hvd.allgather(moved, name=f"nbdist_checkpoint_{calls[0]}").numpy(), 0, axis)
+
+    def save_weights(filepath, overwrite=True, max_shard_size=None):
+        optimizer = list(parallel.optimizer.variables)
+        prefix = optimizer_prefix(parallel.optimizer)
+        per = (len(optimizer) - prefix) // len(slot_axes) if slot_axes else 0
+        slots = {n: (lambda v=v, a=(slot_axes[(n - prefix) // per] if n >= prefix else None): gathered(v, a))
+                 for n, v in enumerate(optimizer)}
+        write_gathered(model, filepath, lambda v: gathered(*twin_of[id(v)]), slots, writer=hvd.rank() == 0)
+
+    return save_weights
 
 
 def twins_of_trainable(model, parallel) -> list:
