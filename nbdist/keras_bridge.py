@@ -71,6 +71,7 @@ class FitResult:
     callbacks: list = field(default_factory=list)  # each user callback's state after training (rank 0's)
     files: list = field(default_factory=list)  # where file-writing callbacks wrote: [{"callback", "path", "host"}]
     parts: dict = field(default_factory=dict)  # a model-parallel worker's share: where its variables go, its timings
+    kept: dict | None = None  # the weights stayed on the engines (`kept_weights`): where
 
     @staticmethod
     def pack(results: list) -> list:
@@ -175,15 +176,36 @@ def apply_gradients_restored(model):
         model.train_function = None
 
 
-def install_result(model, result: FitResult, sample_input=None, callbacks=None):
-    """Give `model` the trained weights and optimizer state, and `callbacks` (the notebook's callback
-    objects of this fit) rank 0's callback state; return the run's History."""
+def install_result(model, result: FitResult, sample_input=None, callbacks=None, client=None):
+    """Give `model` the trained weights and optimizer state (or, where they stayed on the engines, make it their
+    skeleton: `kept_weights.hold`; `client` reaches the engines), and `callbacks` (the notebook's callback objects of
+    this fit) rank 0's callback state; return the run's History."""
     import keras
 
     from . import callbacks as worker_callbacks
 
     if not model.built:
         build_from_sample(model, sample_input)
+    if result.kept is not None:
+        from .kept_weights import hold
+
+        hold(model, result.kept, client)
+    else:
+        _install_weights(model, result)
+    history = keras.callbacks.History()
+    history.set_model(model)
+    history.history = {k: list(v) for k, v in result.history.items()}
+    history.params = dict(result.params)
+    history.epoch = list(result.epoch)
+    model.history = history
+    worker_callbacks.restore(callbacks, result.callbacks, model, result.params)
+    return history
+
+
+def _install_weights(model, result: FitResult) -> None:
+    from .kept_weights import release_hold
+
+    release_hold(model)  # (a skeleton whose weights were on the engines holds them here again)
     expected = [tuple(w.shape) for w in model.get_weights()]
     received = [tuple(w.shape) for w in result.weights]
     if expected != received:
@@ -194,14 +216,6 @@ def install_result(model, result: FitResult, sample_input=None, callbacks=None):
         )
     model.set_weights(result.weights)
     _install_optimizer_state(model, result.optimizer_weights)
-    history = keras.callbacks.History()
-    history.set_model(model)
-    history.history = {k: list(v) for k, v in result.history.items()}
-    history.params = dict(result.params)
-    history.epoch = list(result.epoch)
-    model.history = history
-    worker_callbacks.restore(callbacks, result.callbacks, model, result.params)
-    return history
 
 
 def _install_optimizer_state(model, values):

@@ -76,6 +76,8 @@ class PartsDesk:
         state = self.models.get(header["model"])
         if state is None or state.architecture != header["architecture"]:  # one the cell made itself
             return wire.encode(self.key, "part", held=False)
+        if state.kept is not None:  # its weights stayed on the engines: each stage has its part there
+            return wire.encode(self.key, "part", held=False, kept=state.kept)
         weights, optimizer = state.part(header["weights"], header["trainable"], int(header["prefix"]),
                                         header.get("axes"), header.get("slot_axes"), int(header.get("rank", 0)),
                                         int(header.get("size", 1)))
@@ -106,6 +108,7 @@ class DeskClient:
 
         self.address, self.key, self.rank, self.who = address, key, rank, who
         self._context = context or zmq.Context.instance()
+        self.kept: dict | None = None  # the last part asked for stays on the engines (`kept_weights`): where
 
     def ask(self, frames: list, waiting_for: str, timeout_s: float = ANSWER_S) -> wire.Message:
         """Send `frames` (without copying them) and return the desk's signed answer."""
@@ -131,6 +134,7 @@ class DeskClient:
         reply = self.ask(wire.encode(self.key, "part", model=model, architecture=architecture, weights=weights,
                                      trainable=trainable, prefix=prefix, rank=self.rank, **slicing),
                          "the notebook did not send this engine's part of the model")
+        self.kept = reply.header.get("kept")
         if not reply.header["held"]:
             return None, None
         count = reply.header["optimizer"]

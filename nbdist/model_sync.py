@@ -90,11 +90,17 @@ class ModelState:
     compile: dict = field(default_factory=dict)
     optimizer: list | None = None  # the optimizer's variables, when it has been built
     trainable_count: int = 0  # how many trainable variables the optimizer's slots follow
+    kept: dict | None = None  # where the weights stay when not in the notebook (`kept_weights`): no values here
 
     @classmethod
     def of(cls, model) -> "ModelState":
         optimizer = getattr(model, "optimizer", None)
         built = optimizer is not None and getattr(optimizer, "built", False)
+        kept = getattr(model, "_nbdist_kept", None)
+        if kept is not None:
+            return cls(architecture(model), [], [bool(layer.trainable) for layer in _layers(model)],
+                       model.get_compile_config() if model.compiled else {}, None, len(model.trainable_variables),
+                       dict(kept))
         return cls(architecture(model), [np.asarray(w) for w in model.get_weights()],
                    [bool(layer.trainable) for layer in _layers(model)],
                    model.get_compile_config() if model.compiled else {},
@@ -137,6 +143,7 @@ class ModelState:
         h.update(json.dumps(self.trainable).encode())
         h.update(self.compile_text.encode())
         h.update(b"built" if self.optimizer is not None else b"fresh")
+        h.update(json.dumps(self.kept, sort_keys=True).encode())
         return h.hexdigest()[:24]
 
     @property

@@ -173,3 +173,38 @@ def test_savers_a_pipeline_cannot_serve_are_refused_before_training(kernel, clus
                            "model.compile(optimizer='sgd', loss='sparse_categorical_crossentropy')\n"
                            f"model.fit(x, y, epochs=1, steps_per_epoch=2, callbacks=[{callback}])", timeout=180)
         assert reply.ename == "OptionError" and says in reply.evalue, reply.error_text
+
+
+def test_weights_kept_on_the_engines_are_written_by_their_stages_and_trained_on_by_the_next_run(kernel, cluster,
+                                                                                                tmp_path):
+    """--keep-weights engines: no engine hands its part in; the notebook's model is the skeleton, whose save_weights
+    has every stage write its own file; the next run trains on from the parts where they are, as a run whose
+    weights came back to the notebook in between would."""
+    targets = ",".join(map(str, idle_engines(cluster, 2)))
+    kernel.run("%%distribute define --name kept_model\nkept_m = build()\n"
+               "kept_m.compile(optimizer=keras.optimizers.Adam(1e-3), loss='sparse_categorical_crossentropy')").check()
+    kernel.run("kept_m.optimizer.build(kept_m.trainable_variables)\n"
+               "kept_start = (kept_m.get_weights(), [v.numpy() for v in kept_m.optimizer.variables])").check()
+    fit = "kept_m.fit(x, y, batch_size=40, epochs=1, steps_per_epoch=5, shuffle=False)"
+    pipeline = f"%%distribute --strategy pipeline --targets {targets} --seed 3"
+    for _ in range(2):  # the reference: the weights back in the notebook after each run
+        kernel.run(f"{pipeline}\n{fit}", timeout=240).check()
+    kernel.run("kept_ref = (kept_m.get_weights(), [v.numpy() for v in kept_m.optimizer.variables])\n"
+               "kept_m.set_weights(kept_start[0])\n"
+               "for v, a in zip(kept_m.optimizer.variables, kept_start[1]): v.assign(a)").check()
+
+    reply = kernel.run(f"{pipeline} --keep-weights engines\n{fit}", timeout=240).check()
+    assert "stay on engines" in reply.stdout and kernel.value("list(kept_m._nbdist_kept['engines'])") == [
+        int(t) for t in targets.split(",")]
+    refused = kernel.run("kept_m.get_weights()")
+    assert refused.ename == "OptionError" and "save_weights" in refused.evalue
+    kernel.run(f"{pipeline} --keep-weights engines\n{fit}", timeout=240).check()  # on from the kept parts
+    saved = kernel.run(f"kept_m.save_weights({str(tmp_path / 'kept.weights.h5')!r})").check()
+    assert "one file per stage" in saved.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.weights.json", "kept_00000.weights.h5",
+                                                        "kept_00001.weights.h5"]
+    kernel.run(f"kept_m.load_weights({str(tmp_path / 'kept.weights.json')!r})").check()  # the notebook's again
+    assert kernel.value(DIFF.format("kept_ref[0]", "kept_m.get_weights()")) == 0
+    assert kernel.value(DIFF.format("kept_ref[1]", "[v.numpy() for v in kept_m.optimizer.variables]")) == 0
+    reply = kernel.run(f"%%distribute --strategy hfdt --targets {targets}\n{fit}", timeout=240)
+    assert reply.status == "ok", reply.error_text  # held in the notebook again: any strategy takes it

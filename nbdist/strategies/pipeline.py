@@ -22,6 +22,7 @@ from ..pipeline import split as splits
 from ..pipeline.links import AddressBook, StageLinks
 from ..pipeline.replicas import Position
 from ..pipeline.stage import gather, index_batches, stage_model
+from .. import kept_weights
 from ..sharded_checkpoint import Ownership, index_path, refuse_unservable_savers, with_checkpoints, write_part
 from ..ps import wire
 from ..sharding import is_dataset
@@ -39,6 +40,10 @@ REPLICAS = Option("--replicas", "data parallelism across pipelines: R pipelines 
 SCHEDULE = Option("--schedule", "micro-batch order: 1f1b (one forward, one backward; at most K micro-batches "
                   "of activations per stage) or gpipe (all forwards, then all backwards)", default="1f1b",
                   choices=schedules.KINDS)
+KEEP_WEIGHTS = Option("--keep-weights", "where the trained weights go (pipeline): notebook (joined into the "
+                      "notebook's model) or engines (each stage keeps its part; the notebook's model is its skeleton, "
+                      "whose save_weights writes a sharded checkpoint and which the next pipeline run trains on)",
+                      default="notebook", choices=("notebook", "engines"))
 TIMING_REPEATS = 3
 
 
@@ -86,11 +91,19 @@ class PipelineWorker(Worker):
             stage.compile(**stage_compile_args(model, self.last), run_eagerly=True)
             fill_own_part(model, stage, self.layout, links.desk)
             release(model, keep=part.weights)
-            stage.checkpoint = self._checkpoint_writer(model, chain, plan, stage)
+            self.ownership = Ownership.of_parts(splits.stage_ranges(chain, plan["cut_at"]), self.position.stage,
+                                                keeper=self.position.stages - 1, optimizer=stage.optimizer,
+                                                own_trainable_index=self.layout["trainable_index"])
+            stage.checkpoint = (lambda path: None) if self.position.replica else (
+                lambda path: write_part(model, path, self.ownership))
             stage.steps.control = control
             self.stage, self.plan, self.links = stage, plan, links
             history = self._fit_stage(request, stage, arrays)
-            self._hand_in(stage)
+            if self.config.get("keep") == "engines":
+                self.handed_in = {"fit": self.handed_in["fit"] + 1, "kept": kept_weights.keep(
+                    notebook_name(model), int(self.spec["run"]), model, stage, self.layout, self.ownership)}
+            else:
+                self._hand_in(stage)
             return history
         finally:
             control.close()
@@ -126,16 +139,6 @@ class PipelineWorker(Worker):
         kept = with_checkpoints(request.callbacks, kept)
         self.files_written = [sharded_note(w) for w in callbacks.files_written(kept)] if self.keeps_callbacks else []
         return kept, changes
-
-    def _checkpoint_writer(self, model, chain, plan, stage):
-        """What a ModelCheckpoint's save runs on this stage: its shard of a sharded checkpoint (the first
-        pipeline's stages write; the last of them writes the index too)."""
-        if self.position.replica:
-            return lambda filepath: None
-        ownership = Ownership.of_parts(splits.stage_ranges(chain, plan["cut_at"]), self.position.stage,
-                                       keeper=self.position.stages - 1, optimizer=stage.optimizer,
-                                       own_trainable_index=self.layout["trainable_index"])
-        return lambda filepath: write_part(model, filepath, ownership)
 
     def _plan(self, chain, arrays, request) -> dict:
         """Stage 0's choice of cuts, with each candidate segment's measured time and bytes."""
@@ -265,6 +268,8 @@ def fill_own_part(model, stage, layout, desk) -> None:
     name = notebook_name(model)
     weights, slots = (desk.fetch_part(name, architecture(model), layout["weight_index"], layout["trainable_index"],
                                       optimizer_prefix(stage.optimizer)) if name else (None, None))
+    if desk.kept is not None:  # the weights stayed on the engines after the run that trained them last
+        weights, slots = kept_weights.take(name, int(desk.kept["run"]), layout)
     for variable, value in zip(layout["variables"], weights or [None] * len(layout["variables"])):
         fill(variable, value)
     load_slots(stage.optimizer, stage.trainable_variables, slots)
@@ -303,7 +308,7 @@ class PipelineStrategy(Strategy):
 
     name = "pipeline"
     summary = "model parallel between layers: K stages, micro-batches on a 1F1B or GPipe schedule"
-    reads = (STAGES, MICROBATCHES, SPLIT, SCHEDULE, REPLICAS)
+    reads = (STAGES, MICROBATCHES, SPLIT, SCHEDULE, REPLICAS, KEEP_WEIGHTS)
     reports = Reports(panels=("loss", "throughput", "bubble"), controls=("pause", "resume", "stop"))
     worker_class = PipelineWorker
     min_workers = 2
@@ -341,7 +346,8 @@ class PipelineStrategy(Strategy):
         self.stages = len(run.workers) // replicas
         return {"links": {"book": book, "key": key.hex()}, "engines": list(run.workers),
                 "stages": self.stages, "replicas": replicas,
-                "microbatches": int(self.value("microbatches")), "schedule": self.value("schedule")}
+                "microbatches": int(self.value("microbatches")), "schedule": self.value("schedule"),
+                "keep": self.value("keep_weights")}
 
     @classmethod
     def gather_result(cls, run) -> list:
@@ -352,7 +358,11 @@ class PipelineStrategy(Strategy):
         stages = len(run.workers) // int(run.options.get("replicas") or 1)
         if len(per_stage) != stages or any(len(r) != len(per_stage[-1]) for r in per_stage):
             return []  # a stage did not finish: there is no whole model to install
-        return [assemble([stage_results[i] for stage_results in per_stage]) for i in range(len(per_stage[-1]))]
+        fits = [assemble([stage_results[i] for stage_results in per_stage]) for i in range(len(per_stage[-1]))]
+        for fit in fits:
+            if fit.kept is not None:  # each of the first pipeline's stages kept its part on its engine
+                fit.kept["engines"] = list(run.workers[:stages])
+        return fits
 
     def finish(self, run) -> None:
         if self.book is not None:
@@ -366,6 +376,12 @@ class PipelineStrategy(Strategy):
         if fits:
             run.plan = plan_table(fits[-1].parts["stages"])
             run.note(run.plan["text"])
+        if fits and fits[-1].kept is not None:
+            kept = fits[-1].kept
+            run.note(f"nbdist: the trained weights of {kept['model']!r} stay on engines {kept['engines']}, one stage "
+                     f"each (--keep-weights engines); the notebook's {kept['model']} is their skeleton: "
+                     f"{kept['model']}.save_weights('{kept['model']}.weights.h5') writes them as a sharded checkpoint, "
+                     "and the next --strategy pipeline cell on these engines trains on from them.")
 
 
 def assemble(results: list[FitResult]) -> FitResult:
@@ -376,6 +392,12 @@ def assemble(results: list[FitResult]) -> FitResult:
         for i, w in zip(r.parts["weight_index"], r.weights):
             weights[i] = w
     last = results[-1]
+    if last.parts.get("kept"):
+        merged = FitResult(weights=[], optimizer_weights=[], history=last.history, params=last.params,
+                           epoch=last.epoch, records=last.records, timings=last.timings, callbacks=last.callbacks,
+                           files=last.files, kept=dict(last.parts["kept"]))
+        merged.parts = {"stages": [r.parts for r in results]}
+        return merged
     prefix = last.parts["optimizer_prefix"]
     trainable = sum(len(r.parts["trainable_index"]) for r in results)
     slots: list = [None] * trainable
