@@ -46,10 +46,40 @@ def test_embedding_split_by_output_dimension_and_units_that_do_not_divide_are_re
 
 
 def test_a_layer_type_that_cannot_be_split_is_replicated_and_says_so():
-    model = keras.Sequential([keras.Input((16, 64)), keras.layers.EinsumDense("abc,cd->abd", (16, 256), name="e"),
+    model = keras.Sequential([keras.Input((16, 64)), keras.layers.Conv1D(256, 3, name="e"),
                               keras.layers.Dense(4, name="out")])
     entry = plan_splits(model, 2)[0]
-    assert entry["kind"] == "replicated" and "EinsumDense cannot be split" in entry["reason"]
+    assert entry["kind"] == "replicated" and "Conv1D cannot be split" in entry["reason"]
+
+
+@pytest.mark.parametrize("equation, output_shape, bias_axes, kernel_axes, gather_axis", [
+    ("abc,cd->abd", (16, 256), "d", [1, 0], -1),  # a sequence's projection: its bias split too
+    ("...c,cd->...d", 256, None, [1], -1),  # elided leading axes
+    ("abc,cde->abde", (16, 8, 32), "de", [2, 1], -1),  # heads (d) then width (e): split by the last the kernel
+    ("abc,dc->abd", (16, 256), None, [0], -1),  # the kernel's output axis first
+])
+def test_an_einsum_dense_splits_along_an_output_axis_its_kernel_alone_gives(equation, output_shape, bias_axes,
+                                                                          kernel_axes, gather_axis):
+    from nbdist.tensor_parallel.plan import einsum_split, split_axes
+
+    layer = keras.layers.EinsumDense(equation, output_shape, bias_axes=bias_axes, name="e")
+    model = keras.Sequential([keras.Input((16, 64)), layer, keras.layers.Flatten(), keras.layers.Dense(4)])
+    entry = plan_splits(model, 2)[0]
+    assert entry["kind"] == "einsum" and entry["gathers"]
+    assert split_axes("einsum", layer) == kernel_axes[:len(layer.weights)]
+    split = einsum_split(layer.get_config())
+    assert split["output_axis"] == gather_axis
+    if equation == "abc,cde->abde":  # (gives, its bias of shape (8, 32) split along its axis 1)
+        assert split["letter"] == "e" and split["bias_axis"] == 1 and split["shape_index"] == 2
+
+
+def test_an_einsum_dense_without_an_output_axis_of_its_own_or_of_odd_width_is_replicated_with_the_reason():
+    inputs = keras.Input((16, 64))
+    scaled = keras.layers.EinsumDense("abc,c->abc", (16, 64), name="scale")(inputs)  # a per-feature scale
+    odd = keras.layers.EinsumDense("abc,cd->abd", (16, 255), name="odd")(scaled)
+    plan = plan_splits(keras.Model(inputs, odd), 2, "scale,odd")
+    assert plan[1]["kind"] == "replicated" and "no output axis" in plan[1]["reason"]
+    assert plan[2]["kind"] == "replicated" and "(255) is not a multiple of 2" in plan[2]["reason"]
 
 
 def test_named_layers_are_split_and_unknown_names_or_subclassed_models_are_refused():

@@ -91,23 +91,32 @@ class PipelineWorker(Worker):
             stage.compile(**stage_compile_args(model, self.last), run_eagerly=True)
             fill_own_part(model, stage, self.layout, links.desk)
             release(model, keep=part.weights)
-            self.ownership = Ownership.of_parts(splits.stage_ranges(chain, plan["cut_at"]), self.position.stage,
-                                                keeper=self.position.stages - 1, optimizer=stage.optimizer,
-                                                own_trainable_index=self.layout["trainable_index"])
-            stage.checkpoint = (lambda path: None) if self.position.replica else (
-                lambda path: write_part(model, path, self.ownership))
+            self._own_checkpoints(model, chain, plan, stage)
             stage.steps.control = control
             self.stage, self.plan, self.links = stage, plan, links
             history = self._fit_stage(request, stage, arrays)
-            if self.config.get("keep") == "engines":
-                self.handed_in = {"fit": self.handed_in["fit"] + 1, "kept": kept_weights.keep(
-                    notebook_name(model), int(self.spec["run"]), model, stage, self.layout, self.ownership)}
-            else:
-                self._hand_in(stage)
+            self._give_back(model, stage)
             return history
         finally:
             control.close()
             links.close()
+
+    def _own_checkpoints(self, model, chain, plan, stage) -> None:
+        """What this stage owns of the whole model, and what a save of it writes (the first pipeline's stages
+        write their parts of a sharded checkpoint; the other replicas, equal, nothing)."""
+        self.ownership = Ownership.of_parts(splits.stage_ranges(chain, plan["cut_at"]), self.position.stage,
+                                            keeper=self.position.stages - 1, optimizer=stage.optimizer,
+                                            own_trainable_index=self.layout["trainable_index"])
+        stage.checkpoint = (lambda path: None) if self.position.replica else (
+            lambda path: write_part(model, path, self.ownership))
+
+    def _give_back(self, model, stage) -> None:
+        """The trained part to the kernel, or kept here (`--keep-weights engines`)."""
+        if self.config.get("keep") == "engines":
+            self.handed_in = {"fit": self.handed_in["fit"] + 1, "kept": kept_weights.keep(
+                notebook_name(model), int(self.spec["run"]), model, stage, self.layout, self.ownership)}
+        else:
+            self._hand_in(stage)
 
     def _fit_stage(self, request, stage, arrays):
         batch = int(request.batch_size or 32)

@@ -3,7 +3,7 @@ engines.
 
 Every engine takes the same batches. Large `Dense` layers are split by output units (and, in a
 Sequential model, the `Dense` right after one by input units, Megatron-LM's pair),
-`MultiHeadAttention` by heads, `Embedding` by output dimension, `Conv2D` by filters
+`MultiHeadAttention` by heads, `Embedding` by output dimension, `Conv2D` by filters, `EinsumDense` by an output axis
 (`nbdist.tensor_parallel.plan`); Horovod's allgather and allreduce over Gloo
 join the slices (`nbdist.tensor_parallel.layers`). Keras' own `fit` runs on every engine on its
 share of the model, compiled as the cell compiled its own; at the end every engine gathers the
@@ -31,7 +31,7 @@ from .base import Option, Reports
 from .hfdt import STALL_TIMEOUT, HfdtStrategy
 from .hfdt_worker import HfdtWorker
 
-SPLIT_LAYERS = Option("--split-layers", "tensor: auto (every Dense, MultiHeadAttention, Embedding and Conv2D holding at "
+SPLIT_LAYERS = Option("--split-layers", "tensor: auto (every Dense, EinsumDense, MultiHeadAttention, Embedding and Conv2D holding at "
                       "least 1/8 of the largest layer's parameter bytes) or the names of the layers to split, "
                       "comma-separated", default="auto", metavar="auto|NAMES")
 

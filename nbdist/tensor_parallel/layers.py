@@ -22,21 +22,24 @@ def _hvd():
     return hvd
 
 
-def gather_last(x, tag: str):
-    """The engines' slices of `x`'s last axis, concatenated in rank order (on every engine)."""
+def gather_last(x, tag: str, axis: int = -1):
+    """The engines' slices of `x` along `axis` (negative: from the end), concatenated in rank order (on every
+    engine)."""
     import tensorflow as tf
 
     @tf.custom_gradient
     def run(x):
         hvd = _hvd()
-        moved = tf.experimental.numpy.moveaxis(x, -1, 0)
+        moved = tf.experimental.numpy.moveaxis(x, axis, 0)
         gathered = hvd.allgather(moved, name=f"{tag}_gather", ignore_name_scope=True)
-        whole = tf.experimental.numpy.moveaxis(gathered, 0, -1)
-        if x.shape[-1] is not None:  # (allgather's shape is unknown: a LayerNormalization after it needs it)
-            whole = tf.ensure_shape(whole, [*x.shape[:-1], x.shape[-1] * hvd.size()])
+        whole = tf.experimental.numpy.moveaxis(gathered, 0, axis)
+        if x.shape[axis] is not None:  # (allgather's shape is unknown: a LayerNormalization after it needs it)
+            shape = list(x.shape)
+            shape[axis] *= hvd.size()
+            whole = tf.ensure_shape(whole, shape)
 
         def grad(dy):
-            return tf.split(dy, hvd.size(), axis=-1)[hvd.rank()]
+            return tf.split(dy, hvd.size(), axis=axis)[hvd.rank()]
 
         return whole, grad
 
@@ -164,6 +167,41 @@ class _SummedOutputProjection(keras.layers.EinsumDense):
         return keras.ops.add(y, self.bias) if self.bias is not None else y
 
 
+class OutputParallelEinsumDense(keras.layers.EinsumDense):
+    """`EinsumDense` holding `1 / size` of the output axis its kernel alone gives (`plan.einsum_split`): its kernel's
+    slice (and its bias's, where the bias varies along it), the output's slices gathered along that axis; a bias
+    that does not vary along it is added after the gather, on every engine alike."""
+
+    def __init__(self, original: dict, rank: int, size: int, tag: str, gathers: bool = True, **kwargs):
+        from .plan import einsum_split
+
+        split = einsum_split(original)
+        shape = original["output_shape"]
+        shape = [shape] if isinstance(shape, int) else list(shape)
+        shape[split["shape_index"]] //= size
+        super().__init__(**{**original, "output_shape": shape}, **kwargs)
+        self.original, self.rank, self.size, self.tag, self.split = original, rank, size, tag, split
+
+    def get_config(self):
+        return {"original": self.original, "rank": self.rank, "size": self.size, "tag": self.tag}
+
+    def call(self, inputs, training=None):
+        y = keras.ops.einsum(self.equation, from_replicated(inputs, self.tag), self.kernel)
+        bias_split = self.split["bias_axis"] is not None
+        if self.bias is not None and bias_split:
+            y = keras.ops.add(y, self.bias)
+        y = gather_last(y, self.tag, self.split["output_axis"])
+        if self.bias is not None and not bias_split:
+            y = keras.ops.add(y, self.bias)
+        return self.activation(y) if self.activation is not None else y
+
+    def compute_output_shape(self, input_shape):
+        shape = list(super().compute_output_shape(input_shape))
+        axis = self.split["output_axis"]
+        shape[axis] = None if shape[axis] is None else shape[axis] * self.size
+        return tuple(shape)
+
+
 class HeadParallelAttention(keras.layers.MultiHeadAttention):
     """`MultiHeadAttention` holding `num_heads / size` of its heads: Keras' own computation for those heads (their
     query, key and value projections, their attention), the output projection's partial products summed over the
@@ -190,4 +228,4 @@ class HeadParallelAttention(keras.layers.MultiHeadAttention):
 
 
 SPLIT_LAYERS = {"column": ColumnParallelDense, "row": RowParallelDense, "embedding": SplitEmbedding,
-                "conv": SplitConv2D, "heads": HeadParallelAttention}
+                "conv": SplitConv2D, "heads": HeadParallelAttention, "einsum": OutputParallelEinsumDense}
