@@ -3,11 +3,12 @@ engines.
 
 Every engine takes the same batches. Large `Dense` layers are split by output units (and, in a
 Sequential model, the `Dense` right after one by input units, Megatron-LM's pair),
-`MultiHeadAttention` by heads, `Embedding` by output dimension, `Conv2D` by filters, `EinsumDense` by an output axis
-(`nbdist.tensor_parallel.plan`); Horovod's allgather and allreduce over Gloo
-join the slices (`nbdist.tensor_parallel.layers`). Keras' own `fit` runs on every engine on its
-share of the model, compiled as the cell compiled its own; at the end every engine gathers the
-whole weights and optimizer state into the cell's model (`nbdist.tensor_parallel.model`). The
+`MultiHeadAttention` by heads, `Embedding` by output dimension, `Conv2D` by filters, `EinsumDense`
+by an output axis (`nbdist.tensor_parallel.plan`); Horovod's allgather and allreduce over Gloo
+join the slices (`nbdist.tensor_parallel.layers`). Each engine fetches its slices of the notebook's
+model from the kernel, Keras' own `fit` runs on every engine on its share of the model, compiled as
+the cell compiled its own, and each hands its trained slices back to the kernel, which joins them
+(`nbdist.model_parts`, `nbdist.tensor_parallel.model`): no engine holds the whole model. The
 Horovod job is `hfdt`'s (its rendezvous, one rank per engine), not elastic: a dead engine fails
 the run naming it. See DESIGN.md section 9 and docs/strategies/tensor.md.
 """
