@@ -168,10 +168,21 @@ class StageSteps:
                                                                [np.asarray(g) for g in grads])]
         t0 = time.perf_counter()
         if model.trainable_weights:
-            model.optimizer.apply_gradients(zip(grads, model.trainable_weights))
+            self._apply(model)(grads)
         self.busy_s += time.perf_counter() - t0
         self.step_s += time.perf_counter() - started
         return self._finish(model, step, len(own), len(indices), loss)
+
+    def _apply(self, model):
+        """The optimizer's step as one TensorFlow function (as in Keras' own train function), not an eager op
+        per variable and slot."""
+        import tensorflow as tf
+
+        if "apply" not in self._functions:
+            variables = list(model.trainable_weights)
+            self._functions["apply"] = tf.function(
+                lambda grads: model.optimizer.apply_gradients(zip(grads, variables)))
+        return self._functions["apply"]
 
     def test(self, model, data):
         indices, own, micro = self._micro_batches(data)
