@@ -63,6 +63,13 @@ def _kept(name: str, run: int) -> dict:
 
 
 # -- kernel side ---------------------------------------------------------------------------
+def bytes_needed(state) -> int:
+    """What the notebook needs to hold a model of `state` (`model_sync.ModelState`) after training: its weights and
+    its optimizer's variables (three times the weights where the optimizer has none yet, as Adam's two slots)."""
+    weights = sum(a.nbytes for a in state.weights or [])
+    return weights + (sum(a.nbytes for a in state.optimizer) if state.optimizer is not None else 2 * weights)
+
+
 def hold(model, kept: dict, client) -> None:
     """The notebook's `model` as the skeleton of a model whose weights stay on the engines `kept["engines"]`."""
     from .model_parts import release

@@ -121,3 +121,25 @@ def test_a_workers_position_among_replicated_pipelines():
     assert Position(0, 3, 2).share(batch).tolist() == [0, 2, 4, 6, 8]
     assert Position(3, 3, 2).share(batch).tolist() == [1, 3, 5, 7, 9]
     assert Position(1, 2).role() == "pipeline stage 1" and Position(1, 2).share(batch).tolist() == batch.tolist()
+
+
+def test_keep_weights_auto_keeps_on_the_engines_what_the_notebook_host_could_not_take_back():
+    """A model's weights and slots over half of this host's available memory stay on the engines; a small one comes
+    back; one already kept stays. (A broadcast array has the nbytes of its shape without the memory.)"""
+    import psutil
+
+    from nbdist.model_sync import ModelState
+    from nbdist.strategies import make_strategy
+
+    def decided(**state):
+        strategy = make_strategy({"strategy": "pipeline"})
+        strategy.notebook_models = {"m": ModelState("arch", trainable=[True], **state)}
+        return strategy._where_weights_go(), strategy.keep_reason
+
+    huge = np.broadcast_to(np.zeros(1, np.float32), (psutil.virtual_memory().available // 8 + 1,))
+    keep, why = decided(weights=[huge])  # with Adam's slots, 3 x over half of what is available
+    assert keep == "engines" and "more than half of the" in why
+    assert decided(weights=[np.zeros(10, np.float32)]) == ("notebook", None)
+    keep, why = decided(weights=[], kept={"model": "m", "run": 4, "engines": [0, 1]})
+    assert keep == "engines" and "after run 4" in why
+    assert make_strategy({"strategy": "pipeline", "keep_weights": "notebook"}).value("keep_weights") == "notebook"

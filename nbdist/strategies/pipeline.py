@@ -41,9 +41,10 @@ SCHEDULE = Option("--schedule", "micro-batch order: 1f1b (one forward, one backw
                   "of activations per stage) or gpipe (all forwards, then all backwards)", default="1f1b",
                   choices=schedules.KINDS)
 KEEP_WEIGHTS = Option("--keep-weights", "where the trained weights go (pipeline): notebook (joined into the "
-                      "notebook's model) or engines (each stage keeps its part; the notebook's model is its skeleton, "
-                      "whose save_weights writes a sharded checkpoint and which the next pipeline run trains on)",
-                      default="notebook", choices=("notebook", "engines"))
+                      "notebook's model), engines (each stage keeps its part; the notebook's model is its skeleton, "
+                      "whose save_weights writes a sharded checkpoint and which the next pipeline run trains on), or "
+                      "auto (engines where the notebook's model needs more than half of its host's available memory)",
+                      default="auto", choices=("auto", "notebook", "engines"))
 TIMING_REPEATS = 3
 
 
@@ -326,6 +327,7 @@ class PipelineStrategy(Strategy):
     def __init__(self, values):
         super().__init__(values)
         self.book: AddressBook | None = None
+        self.keep_reason: str | None = None  # why --keep-weights auto kept the weights on the engines
         self.stages: int | None = None
 
     def choose_workers(self, available, workers, targets):
@@ -356,7 +358,27 @@ class PipelineStrategy(Strategy):
         return {"links": {"book": book, "key": key.hex()}, "engines": list(run.workers),
                 "stages": self.stages, "replicas": replicas,
                 "microbatches": int(self.value("microbatches")), "schedule": self.value("schedule"),
-                "keep": self.value("keep_weights")}
+                "keep": self._where_weights_go()}
+
+    def _where_weights_go(self) -> str:
+        """--keep-weights, `auto` decided: the engines keep the weights of a notebook model whose weights and optimizer
+        slots need more than half of the notebook host's available memory (a model the cell builds comes back)."""
+        import psutil
+
+        keep = self.value("keep_weights")
+        if keep != "auto":
+            return keep
+        kept = [state.kept for state in self.notebook_models.values() if state.kept is not None]
+        if kept:
+            self.keep_reason = f"--keep-weights auto: they stayed on the engines after run {kept[0]['run']}"
+            return "engines"
+        needed = max((kept_weights.bytes_needed(state) for state in self.notebook_models.values()), default=0)
+        available = psutil.virtual_memory().available
+        if needed <= available / 2:
+            return "notebook"
+        self.keep_reason = (f"--keep-weights auto: {needed / 1e9:.1f} GB of weights and optimizer slots, more than "
+                            f"half of the {available / 1e9:.1f} GB this host has available")
+        return "engines"
 
     @classmethod
     def gather_result(cls, run) -> list:
@@ -387,8 +409,9 @@ class PipelineStrategy(Strategy):
             run.note(run.plan["text"])
         if fits and fits[-1].kept is not None:
             kept = fits[-1].kept
+            why = self.keep_reason or "--keep-weights engines"
             run.note(f"nbdist: the trained weights of {kept['model']!r} stay on engines {kept['engines']}, one stage "
-                     f"each (--keep-weights engines); the notebook's {kept['model']} is their skeleton: "
+                     f"each ({why}); the notebook's {kept['model']} is their skeleton: "
                      f"{kept['model']}.save_weights('{kept['model']}.weights.h5') writes them as a sharded checkpoint, "
                      "and the next --strategy pipeline cell on these engines trains on from them.")
 
