@@ -144,17 +144,20 @@ class Session:
         python = self.shell.transform_cell(cell) if self.shell is not None else cell
         return model_sync.models_used(python, self.shell.user_ns) if self.shell is not None else {}
 
-    def _refuse_kept_models(self, cell: str, strategy: str) -> None:
-        """A model whose weights stayed on the engines trains on under `pipeline` only (where they are)."""
+    def _strategy_for(self, cell: str, options: dict):
+        """The run's strategy; a model whose weights stayed on the engines trains on under `pipeline` only (where
+        they are)."""
         from .kept_weights import kept_of
 
+        strategy = make_strategy(options)
         for name, model in self.models_used(cell).items():
             kept = kept_of(model)
-            if kept is not None and strategy != "pipeline":
+            if kept is not None and strategy.name != "pipeline":
                 raise OptionError(f"the weights of {name!r} stay on engines {list(kept['engines'])} (--keep-weights "
-                                  f"engines): --strategy {strategy} needs them in the notebook. Run the cell under "
+                                  f"engines): --strategy {strategy.name} needs them in the notebook. Run the cell under "
                                   f"--strategy pipeline, or write them with {name}.save_weights('{name}.weights.h5') "
                                   f"and read them with {name}.load_weights('{name}.weights.json') first.")
+        return strategy
 
     def sync_models(self, cell: str, engine_ids: list[int], values: bool = True, states: dict | None = None) -> dict:
         """Give the engines the notebook's state of every Keras model the cell uses (see `model_sync`);
@@ -328,8 +331,7 @@ class Session:
         """
         if not cell.strip():
             raise OptionError("%%distribute needs a training cell below the magic line, with a model.fit(...) call.")
-        strategy = make_strategy(options)
-        self._refuse_kept_models(cell, strategy.name)
+        strategy = self._strategy_for(cell, options)
         cluster = self.require_cluster()
         workers = self._choose_workers(strategy, cluster, options)
         cluster.refresh(workers)

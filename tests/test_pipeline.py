@@ -199,6 +199,8 @@ def test_weights_kept_on_the_engines_are_written_by_their_stages_and_trained_on_
     refused = kernel.run("kept_m.get_weights()")
     assert refused.ename == "OptionError" and "save_weights" in refused.evalue
     kernel.run(f"{pipeline} --keep-weights engines\n{fit}", timeout=240).check()  # on from the kept parts
+    elsewhere = kernel.run(f"%%distribute --strategy hfdt --targets {targets}\n{fit}", timeout=240)
+    assert elsewhere.ename == "OptionError" and "needs them in the notebook" in elsewhere.evalue
     saved = kernel.run(f"kept_m.save_weights({str(tmp_path / 'kept.weights.h5')!r})").check()
     assert "one file per stage" in saved.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.weights.json", "kept_00000.weights.h5",
