@@ -25,7 +25,7 @@ from ..model_parts import (DeskClient, PartsDesk, cut, load_slots, notebook_name
                            release, taken)
 from ..ps import wire
 from ..sharded_checkpoint import refuse_unservable_savers, with_checkpoints, write_gathered
-from ..tensor_parallel.model import engine_bytes, parallel_model, twins, weight_axes, whole
+from ..tensor_parallel.model import engine_bytes, parallel_model, trainable_axes, twins, weight_axes, whole
 from ..tensor_parallel.plan import plan_splits
 from . import horovod_ops as ops
 from .base import Option, Reports
@@ -88,8 +88,7 @@ class TensorWorker(HfdtWorker):
         and a fresh optimizer."""
         from ..model_sync import architecture
 
-        trainable = {id(v) for v in model.trainable_variables}
-        slot_axes = [axis for v, axis in zip(model.weights, axes) if id(v) in trainable]
+        slot_axes = trainable_axes(model, axes)
         name = notebook_name(model)
         prefix = optimizer_prefix(model.optimizer)
         weights, slots = (desk.fetch_part(name, architecture(model), list(range(len(model.weights))),
@@ -108,8 +107,7 @@ class TensorWorker(HfdtWorker):
         def mine(variable, axis):
             return taken(variable) if axis is not None or rank == 0 else np.empty(0, np.float32)
 
-        trainable = {id(v) for v in model.trainable_variables}
-        slot_axes = [axis for v, axis in zip(model.weights, axes) if id(v) in trainable]
+        slot_axes = trainable_axes(model, axes)
         optimizer = parallel.optimizer.variables
         prefix = optimizer_prefix(parallel.optimizer)
         per = (len(optimizer) - prefix) // len(slot_axes) if slot_axes else 0
@@ -131,8 +129,7 @@ def checkpoint_writer(hvd, model, parallel, axes):
     """What a ModelCheckpoint's save runs on every rank: the whole model's weights and optimizer variables
     gathered one at a time (a collective, in the same order on every rank), written by rank 0."""
     twin_of = dict(zip(map(id, model.weights), zip(twins(model, parallel), axes)))
-    trainable = {id(v) for v in model.trainable_variables}
-    slot_axes = [axis for v, axis in zip(model.weights, axes) if id(v) in trainable]
+    slot_axes = trainable_axes(model, axes)
     calls = [0]
 
     def gathered(variable, axis):

@@ -65,6 +65,13 @@ def weight_axes(plan: list[dict], model) -> list[int | None]:
     return [axis_of.get(id(w)) for w in model.weights]
 
 
+def trainable_axes(model, axes: list[int | None]) -> list[int | None]:
+    """The split axis of each of `model.trainable_variables` (`axes`: of each of `model.weights`): the axes of
+    the optimizer's slots, which follow the trainable variables."""
+    trainable = {id(v) for v in model.trainable_variables}
+    return [axis for v, axis in zip(model.weights, axes) if id(v) in trainable]
+
+
 def twins(model, parallel) -> list:
     """The variable of `parallel` that stands for each of `model.weights` (its slice, or itself replicated)."""
     twin_of = {}
