@@ -5,7 +5,8 @@ any host's) reads them:
   `<name>_<stage>.weights.h5`, and the last stage the index `<name>.weights.json` that maps every group of the
   whole model to the files holding it (Keras' sharded format: `model.load_weights("<name>.weights.json")`);
 - `tensor` (`write_gathered`): every layer is split across all ranks, so the ranks gather one variable at a
-  time (no engine ever holds more than one whole variable) and rank 0 writes the plain `<name>.weights.h5`.
+  time (no engine ever holds more than one whole variable) and rank 0 writes the plain `<name>.weights.h5`, or
+  the whole model's `<name>.keras` (its configuration and its weights, as `model.save` writes it).
 
 Every engine walks the whole model (its layer graph exists on every engine, the variables without values where
 another engine owns them) with Keras' own saving walk, so the paths are Keras'. The optimizer's variables are
@@ -37,14 +38,14 @@ def index_path(filepath) -> pathlib.Path:
 
 def refuse_unservable_savers(callbacks, strategy: str) -> None:
     """Before training, under a model-parallel `strategy`: a saver no engine can serve (none holds the whole
-    model), with what to do instead."""
+    model), with what to do instead (`tensor` writes a whole `.keras` model, gathered; `pipeline` weights only)."""
     for callback in callbacks or []:
         name = type(callback).__name__
         if name == "BackupAndRestore":
             raise OptionError(f"--strategy {strategy} cannot run BackupAndRestore yet: no engine holds the whole "
                               "model to back up. Use ModelCheckpoint(save_weights_only=True), which the engines write "
                               "together, or a data-parallel strategy.")
-        if name == "ModelCheckpoint" and not callback.save_weights_only:
+        if name == "ModelCheckpoint" and not callback.save_weights_only and strategy == "pipeline":
             raise OptionError(f"--strategy {strategy} writes ModelCheckpoint's weights only (no engine holds the whole "
                               f"model to save as {callback.filepath!r}): give it save_weights_only=True and a path "
                               "ending in .weights.h5.")
@@ -116,20 +117,44 @@ def write_gathered(model, filepath, gather: Callable, slots: dict[int, Callable]
     (a collective every rank calls in the same order) gives its whole value, which the `writer` rank writes;
     `slots` gives each optimizer variable's number and its gathering."""
     path = pathlib.Path(filepath)
-    if not path.name.endswith(".weights.h5"):
-        raise OptionError(f"Keras writes weights to a path ending in .weights.h5; received {str(filepath)!r}")
+    whole_model = path.name.endswith(".keras")
+    if not whole_model and not path.name.endswith(".weights.h5"):
+        raise OptionError(f"Keras writes a model to a path ending in .keras and weights to one ending in .weights.h5; "
+                          f"received {str(filepath)!r}")
     if writer:
         path.parent.mkdir(parents=True, exist_ok=True)
-    target = path.with_name(path.name + ".partial") if writer else io.BytesIO()  # the others write nothing
+    partial = path.with_name(path.name + ".partial")
 
     def kept(whole):
         return whole if writer else None
 
-    store = _value_store(target, lambda variable: kept(gather(variable)))
-    _walk(model, store, {number: (lambda g=g: kept(g())) for number, g in sorted(slots.items())}, set())
+    def walk(target, archive=None):
+        store = _value_store(target, lambda variable: kept(gather(variable)), archive=archive)
+        _walk(model, store, {number: (lambda g=g: kept(g())) for number, g in sorted(slots.items())}, set())
+
+    if not writer:
+        walk(io.BytesIO())  # (every rank takes part in each gather; the others write nothing)
+    elif whole_model:
+        _write_model_archive(model, partial, walk)
+    else:
+        walk(partial)
     if writer:
-        target.replace(path)
+        partial.replace(path)
     return path
+
+
+def _write_model_archive(model, path: pathlib.Path, walk: Callable) -> None:
+    """A `.keras` archive of `model` as Keras' `model.save` writes one: its configuration and metadata, and the
+    weights `walk` writes into it."""
+    import zipfile
+
+    from keras.src.saving import saving_lib
+
+    config_json, metadata_json = saving_lib._serialize_model_as_json(model)
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(saving_lib._METADATA_FILENAME, metadata_json)
+        archive.writestr(saving_lib._CONFIG_FILENAME, config_json)
+        walk(saving_lib._VARS_FNAME_H5, archive)
 
 
 def _walk(model, store, slots: dict[int, Callable], slot_owners: set[int]) -> None:
@@ -147,14 +172,14 @@ def _walk(model, store, slots: dict[int, Callable], slot_owners: set[int]) -> No
         store.close()
 
 
-def _value_store(path_or_io, value_of: Callable, owner_of: Callable | None = None):
+def _value_store(path_or_io, value_of: Callable, owner_of: Callable | None = None, archive=None):
     """Keras' H5 store that writes `value_of(variable)` for each variable the walk hands it (nothing where it is
     None) and maps every group of the whole model to the owners of its values (what an index says)."""
     from keras.src.saving.saving_lib import H5IOStore
 
     class ValueStore(H5IOStore):
         def __init__(self):
-            super().__init__(path_or_io, mode="w")
+            super().__init__(path_or_io, archive=archive, mode="w")
             self.weight_map: dict[str, set[int]] = {}
             self._metadata = None
 

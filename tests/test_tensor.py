@@ -138,23 +138,28 @@ def test_a_second_fit_of_one_model_in_the_cell_is_refused_before_it_trains(kerne
     assert reply.status == "error" and "fits a model once" in reply.error_text, reply.error_text
 
 
-def test_a_model_checkpoint_is_gathered_a_variable_at_a_time_and_read_back_whole_by_keras(kernel, cluster, tmp_path):
+@pytest.mark.parametrize("name, weights_only", [("best.weights.h5", True), ("best.keras", False)])
+def test_a_model_checkpoint_is_gathered_a_variable_at_a_time_and_read_back_whole_by_keras(kernel, cluster, tmp_path,
+                                                                                         name, weights_only):
     """Every rank takes part in each save (the split kernels are gathered one at a time), rank 0 writes the plain
-    Keras file; the notebook's load_weights reads the run's weights and Adam slots back."""
+    Keras file: the weights (read back by the notebook's load_weights) or the whole model (by load_model), the
+    run's weights and Adam slots."""
     engines = idle_engines(cluster, 2)
-    path = tmp_path / "best.weights.h5"
+    path = tmp_path / name
     cell = (f"ckpt = mlp()\nckpt.compile(optimizer=keras.optimizers.Adam(1e-3), loss='sparse_categorical_crossentropy')\n"
             f"best = keras.callbacks.ModelCheckpoint({str(path)!r}, monitor='loss', save_best_only=True, "
-            "save_weights_only=True)\n"
+            f"save_weights_only={weights_only})\n"
             "h = ckpt.fit(tx, ty, batch_size=32, epochs=3, steps_per_epoch=5, shuffle=False, callbacks=[best])")
     kernel.run(f"%%distribute --strategy tensor --seed 4 --targets {','.join(map(str, engines))}\n{cell}",
                timeout=240).check()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.weights.h5"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
     losses = kernel.value("h.history['loss']")
     assert losses.index(min(losses)) == 2
-    kernel.run("back = mlp(); back.compile(optimizer=keras.optimizers.Adam(1e-3), "
-               "loss='sparse_categorical_crossentropy'); back.optimizer.build(back.trainable_variables)\n"
-               f"back.load_weights({str(path)!r})\n"
-               "local_weights, local_slots = ckpt.get_weights(), [v.numpy() for v in ckpt.optimizer.variables]").check()
+    load = (f"back = keras.models.load_model({str(path)!r})" if not weights_only else
+            "back = mlp(); back.compile(optimizer=keras.optimizers.Adam(1e-3), "
+            "loss='sparse_categorical_crossentropy'); back.optimizer.build(back.trainable_variables)\n"
+            f"back.load_weights({str(path)!r})")
+    kernel.run(f"{load}\nlocal_weights, local_slots = ckpt.get_weights(), [v.numpy() for v in ckpt.optimizer.variables]"
+               ).check()
     assert kernel.value(DIFF.format(what="weights", expr="back.get_weights()")) == 0
     assert kernel.value(DIFF.format(what="slots", expr="back.optimizer.variables")) == 0

@@ -17,10 +17,12 @@ import time
 
 import numpy as np
 
+from ..tensor_parallel.plan import variable_bytes
 from . import schedule as schedules
 from .replicas import METRICS, RGRAD, Position, summed
 
 ACT, GRAD, LOGS = "act", "grad", "logs"
+COMPILED_STEP_BYTES = 64 << 20  # a stage's trainable bytes up to which its optimizer step is compiled
 
 
 def index_batches(n: int, batch: int, shuffle: bool, seed: int, endless: bool = False):
@@ -174,14 +176,20 @@ class StageSteps:
         return self._finish(model, step, len(own), len(indices), loss)
 
     def _apply(self, model):
-        """The optimizer's step as one TensorFlow function (as in Keras' own train function), not an eager op
-        per variable and slot."""
+        """The optimizer's step: one TensorFlow function (as in Keras' own train function) where the stage's
+        variables are small and an eager op per variable and slot costs more than the update; eager, one variable
+        after the other, where they are large (`COMPILED_STEP_BYTES`): a compiled step may run several variables'
+        updates at once and hold their temporaries together, and memory is what a stage is there to spare."""
         import tensorflow as tf
 
         if "apply" not in self._functions:
             variables = list(model.trainable_weights)
-            self._functions["apply"] = tf.function(
-                lambda grads: model.optimizer.apply_gradients(zip(grads, variables)))
+
+            def apply(grads):
+                return model.optimizer.apply_gradients(zip(grads, variables))
+
+            small = sum(variable_bytes(v) for v in variables) <= COMPILED_STEP_BYTES
+            self._functions["apply"] = tf.function(apply) if small else apply
         return self._functions["apply"]
 
     def test(self, model, data):

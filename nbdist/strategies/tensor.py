@@ -63,7 +63,7 @@ class TensorWorker(HfdtWorker):
             del values
             trainable = twins_of_trainable(model, parallel)
             load_slots(parallel.optimizer, trainable, slots)
-            parallel.save_weights = checkpoint_writer(hvd, model, parallel, axes)
+            parallel.save_weights = parallel.save = checkpoint_writer(hvd, model, parallel, axes)
             if self.spec.get("seed") is None:  # every engine must draw the same batches (and Dropout masks)
                 import keras
 
@@ -126,8 +126,9 @@ class TensorWorker(HfdtWorker):
 
 
 def checkpoint_writer(hvd, model, parallel, axes):
-    """What a ModelCheckpoint's save runs on every rank: the whole model's weights and optimizer variables
-    gathered one at a time (a collective, in the same order on every rank), written by rank 0."""
+    """What a ModelCheckpoint's save runs on every rank (its `save` to a .keras path, its `save_weights` to a
+    .weights.h5 one): the whole model's weights and optimizer variables gathered one at a time (a collective, in
+    the same order on every rank), written by rank 0."""
     twin_of = dict(zip(map(id, model.weights), zip(twins(model, parallel), axes)))
     slot_axes = trainable_axes(model, axes)
     calls = [0]
@@ -140,7 +141,7 @@ def checkpoint_writer(hvd, model, parallel, axes):
         moved = np.ascontiguousarray(np.moveaxis(value, axis, 0))
         return np.moveaxis(hvd.allgather(moved, name=f"nbdist_checkpoint_{calls[0]}").numpy(), 0, axis)
 
-    def save_weights(filepath, overwrite=True, max_shard_size=None):
+    def save(filepath, overwrite=True, **kwargs):
         optimizer = list(parallel.optimizer.variables)
         prefix = optimizer_prefix(parallel.optimizer)
         per = (len(optimizer) - prefix) // len(slot_axes) if slot_axes else 0
@@ -148,7 +149,7 @@ def checkpoint_writer(hvd, model, parallel, axes):
                  for n, v in enumerate(optimizer)}
         write_gathered(model, filepath, lambda v: gathered(*twin_of[id(v)]), slots, writer=hvd.rank() == 0)
 
-    return save_weights
+    return save
 
 
 def twins_of_trainable(model, parallel) -> list:

@@ -149,7 +149,7 @@ train_curve, val_curve = history.history[metric], history.history["val_" + metri
 ''',
 ]
 
-OUTCOMES = pipeline_refuses("cannot run ModelCheckpoint")
+OUTCOMES = pipeline_refuses("writes ModelCheckpoint's weights only")
 MODEL = "model"
 FILES = ["best_model.keras"]
 
