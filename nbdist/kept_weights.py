@@ -56,9 +56,9 @@ def take(name: str, run: int, layout: dict) -> tuple[list, list]:
 def _kept(name: str, run: int) -> dict:
     part = KEPT.get(name)
     if part is None or part["run"] != run:
-        held = f"run {part['run']}'s" if part else "nothing"
-        raise OptionError(f"this engine holds {held} weights of {name!r}, not run {run}'s (an engine restarted, or "
-                          "another run took them): they are lost; train again")
+        held = f"only run {part['run']}'s weights of {name!r}" if part else f"no weights of {name!r}"
+        raise OptionError(f"this engine holds {held}, not run {run}'s (the engine restarted, or another run took "
+                          f"them): they are lost. Train {name!r} again from the notebook's definition cells.")
     return part
 
 
