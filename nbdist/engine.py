@@ -110,9 +110,15 @@ def run_training_cell(spec: dict) -> list:
         return history
 
     _seed(spec)
-    with interrupt_guard.training(), working_directory(spec.get("cwd")), _deterministic_ops(spec), \
-            callbacks.one_writer(spec["rank"], spec["size"]), worker.cell_context(), intercept_fit(handler):
-        run_source(spec["cell"], f"<nbdist training cell, run {spec['run']}>")
+    try:
+        with interrupt_guard.training(), working_directory(spec.get("cwd")), _deterministic_ops(spec), \
+                callbacks.one_writer(spec["rank"], spec["size"]), worker.cell_context(), intercept_fit(handler):
+            run_source(spec["cell"], f"<nbdist training cell, run {spec['run']}>")
+    except KeyboardInterrupt:
+        # The engine formats the error it returns with IPython's verbose traceback, which parses the source file
+        # of every frame: an interrupt raised deep inside TensorFlow (and chained to a broken collective's error)
+        # took the engine over 40 s to report on a loaded host. Nothing in those frames is the user's: cut them.
+        raise KeyboardInterrupt(f"run {spec['run']} was interrupted on this engine") from None
     if not results:
         raise NoFitCall(
             "the training cell finished without calling model.fit(...). Put the fit call in the "

@@ -32,6 +32,7 @@ class _State:
         self.previous = signal.default_int_handler  # the handler nbdist's replaced
         self.aborts: list = []  # what `on_interrupt` registered: called from the wake-up thread on SIGINT
         self.wakeup: tuple | None = None  # (write fd, the wake-up fd before ours) while a cell trains
+        self.interrupted = False  # a SIGINT reached the training cell that runs now
 
 
 _state = _State()
@@ -74,6 +75,7 @@ def _woken(got: bytes, before: int) -> None:
         with contextlib.suppress(OSError):
             os.write(before, got)
     if signal.SIGINT in got and _state.active:
+        _state.interrupted = True
         for abort in list(_state.aborts):
             with contextlib.suppress(Exception):  # one that fails must not keep the others from giving up
                 abort()
@@ -132,6 +134,12 @@ def _eager_again() -> None:
     context.context()._thread_local_data.is_eager = context.default_execution_mode == context.EAGER_MODE
 
 
+def interrupted() -> bool:
+    """Whether the training cell running now was interrupted: code that waits in a loop of its own (or that
+    could take the KeyboardInterrupt, raised inside a TensorFlow op, for the op's failure) ends on it."""
+    return _state.active > 0 and _state.interrupted
+
+
 @contextlib.contextmanager
 def training():
     """Within: SIGINT interrupts the training cell; just after it: ignored (see the module's doc)."""
@@ -139,6 +147,7 @@ def training():
     _wake_on_signals()
     if not _state.active:
         _eager_again()
+        _state.interrupted = False
     _state.active += 1
     try:
         yield

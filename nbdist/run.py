@@ -275,6 +275,8 @@ def execute(run: Run, cluster: ClusterHandle, strategy, on_progress=None, before
         _wait(run, cluster, strategy, pending, on_progress, joins)
         run.status = "done"
     except KeyboardInterrupt:
+        if strategy.bus is not None:  # ranks waiting in a loop of nbdist's (a re-forming job) end on it too
+            strategy.bus.send("stop")
         run.status, run.error = "interrupted", f"interrupted; {_stop_workers(cluster, pending)}"
         raise errors.RunInterrupted(f"run {run.id} {run.error}; the cluster is ready for the next cell") from None
     except Exception as exc:  # a failure of nbdist's own kernel side too: the engines must not stay busy

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 import time
 import uuid
@@ -236,16 +237,41 @@ def new_engine(cluster: TestCluster) -> tuple[int, int]:
     return eid, client[eid].apply_sync(os.getpid)
 
 
+def gate(path: str) -> str:
+    """Training-cell code defining the callback `Gate()`: every worker's second step of the second epoch waits
+    (bounded) until file `path` exists, so a test acts while the run stands there however loaded the machine (a
+    tiny model's whole fit can end before the kernel's next control lands). The first epoch's end has reported
+    progress by then."""
+    return f'''
+import os as _os, time as _time
+class Gate(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+    def on_train_batch_begin(self, batch, logs=None):
+        deadline = _time.time() + 300
+        while self._epoch == 1 and batch == 1 and not _os.path.exists({path!r}) and _time.time() < deadline:
+            _time.sleep(0.05)  # polling the test's gate file, bounded
+'''
+
+
 def join_mid_run(kernel, cluster: TestCluster, options: str, cell: str) -> tuple[dict, int, object]:
-    """Start `cell` in the background with `options`, pause it once it reports a step, start an engine, wait for
-    it to join, resume and wait for the end: the `worker_joined` event, the newcomer's id and `%dist wait`'s reply."""
-    kernel.run(f"%%distribute --background {options}\n" + cell, timeout=120).check()
-    eventually(kernel, "any(p.get('epochs') for p in nbdist.last_run.progress.values())", timeout=120)
-    kernel.run("nbdist.last_run.control('pause')").check()  # the run stands still until the newcomer is in
-    newcomer, _ = new_engine(cluster)
-    joined, = eventually(kernel, "nbdist.last_run.events_of('worker_joined')", timeout=120)
-    kernel.run("nbdist.last_run.control('resume')").check()
-    reply = kernel.run("%dist wait", timeout=300).check()
+    """Start `cell` (3 epochs or more, its fit's callbacks include `Gate()`) in the background with `options`;
+    once it reports progress, pause it, open the gate, start an engine, wait for it to join, resume and wait for
+    the end: the `worker_joined` event, the newcomer's id and `%dist wait`'s reply."""
+    assert "Gate()" in cell, "the cell's fit holds the run in its second epoch with callbacks=[Gate()]"
+    path = os.path.join(tempfile.gettempdir(), f"nbdist-gate-{uuid.uuid4().hex}")
+    try:
+        kernel.run(f"%%distribute --background {options}\n" + gate(path) + cell, timeout=120).check()
+        eventually(kernel, "any(p.get('epochs') for p in nbdist.last_run.progress.values())", timeout=120)
+        kernel.run("nbdist.last_run.control('pause')").check()  # the run stands still until the newcomer is in
+        open(path, "w").close()
+        newcomer, _ = new_engine(cluster)
+        joined, = eventually(kernel, "nbdist.last_run.events_of('worker_joined')", timeout=120)
+        kernel.run("nbdist.last_run.control('resume')").check()
+        reply = kernel.run("%dist wait", timeout=300).check()
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
     assert joined["engine"] == newcomer and joined["rank"] == 2, joined
     return joined, newcomer, reply
 

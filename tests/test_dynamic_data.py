@@ -106,7 +106,7 @@ def test_a_worker_killed_mid_epoch_leaves_its_batch_to_the_others_and_every_epoc
 
 def test_an_engine_that_joins_mid_run_takes_batches_from_the_queue_that_overlap_no_ones(kernel, cluster):
     engines = idle_engines(cluster, 2)
-    cell = CELL.format(extra="", epochs=4, callbacks="")
+    cell = CELL.format(extra="", epochs=4, callbacks=", callbacks=[Gate()]")
     joined, _, _ = join_mid_run(kernel, cluster, f"--strategy nfdt --seed 2 --targets {','.join(map(str, engines))}",
                                 cell)
     by_epoch = dealt_by_epoch(push_log(kernel))

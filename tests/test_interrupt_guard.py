@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -70,3 +71,32 @@ def test_a_graph_an_interrupt_left_the_default_is_undone_before_the_next_trainin
     with guard.training():
         assert tf.executing_eagerly()
         assert float(tf.Variable(2.0).numpy()) == 2.0
+
+
+def test_an_interrupt_an_op_took_for_its_own_failure_still_ends_a_survivors_wait(guard):
+    """A SIGINT taken inside a TensorFlow op surfaces as that op's error, which an elastic `hfdt` rank would read as
+    a broken collective and wait (up to LIMITS.reform_s) for a re-formed job: the interrupt ends it instead."""
+    import tensorflow as tf
+
+    from nbdist.control_bus import ControlBus, ControlPoint
+    from nbdist.strategies.hfdt_elastic import Survivor
+    from tests.support import within
+
+    bus = ControlBus().start("127.0.0.1")
+    control = ControlPoint(bus.spec())
+    survivor = Survivor(None, None, control, join=None, resized=None, left=lambda generation: None)
+
+    def step_whose_collective_broke():
+        with contextlib.suppress(KeyboardInterrupt):  # as an op would, turning it into its own failure
+            interrupt()
+            threading.Event().wait(10)  # bounded: the handler's KeyboardInterrupt ends it
+        within(guard.interrupted, 10, "the guard's wake-up thread to hear the SIGINT")
+        raise tf.errors.UnknownError(None, None, "[/gloo/transport/tcp/pair.cc] Read error: Connection reset by peer")
+
+    try:
+        with guard.training(), pytest.raises(KeyboardInterrupt):
+            survivor._survive(step_whose_collective_broke)
+        assert not guard.interrupted()  # it belonged to that cell
+    finally:
+        control.close()
+        bus.stop()

@@ -122,7 +122,8 @@ def test_a_worker_killed_mid_run_is_dropped_and_the_others_finish(kernel, cluste
 def test_an_engine_started_mid_run_joins_it_with_its_pushes_applied_and_acknowledged(kernel, cluster):
     engines = idle_engines(cluster, 2)
     epochs = 4
-    cell = SGD_CELL.format(lr=0.05, batch=32, epochs=epochs, steps="None", shuffle=True)
+    cell = SGD_CELL.format(lr=0.05, batch=32, epochs=epochs, steps="None", shuffle=True).replace(
+        "validation_data=", "callbacks=[Gate()], validation_data=")
     joined, newcomer, reply = join_mid_run(kernel, cluster,
                                            f"--strategy nfdt --targets {','.join(map(str, engines))}", cell)
     assert f"engine {newcomer} (host" in reply.stdout and "joined run" in reply.stdout

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 
+from ..interrupt_guard import interrupted
 from ..limits import LIMITS
 
 COLLECTIVE_MARKS = ("Horovod", "/gloo/", "nbdist_gradients")  # in the error of a step whose collective broke
@@ -91,6 +92,8 @@ class Survivor:
             try:
                 result = unit()
             except Exception as exc:
+                if interrupted():  # the interrupt, taken inside an op, can read as that op's failure
+                    raise KeyboardInterrupt from None
                 if not self.recover or not is_collective_failure(exc):
                     raise
                 if self._recover(exc):
@@ -153,11 +156,13 @@ class Survivor:
 
     def _await(self, exc: BaseException) -> dict:
         deadline = time.time() + LIMITS.reform_s
-        while time.time() < deadline and not self.control.state["stop"]:
+        while time.time() < deadline and not self.control.state["stop"] and not interrupted():
             reform = self.control.reform()
             if reform and reform["generation"] > self.generation and not reform.get("grow"):
                 return reform
             time.sleep(0.05)  # polling the control bus, bounded by the deadline
+        if interrupted():
+            raise KeyboardInterrupt from None
         raise exc
 
 
@@ -174,7 +179,8 @@ def join_grown_job(hvd_join, control, model, job: dict, left) -> dict | None:
     while True:
         current = control.reform() or {}
         if current.get("generation", 0) > generation or (current.get("generation") == generation
-                                                         and current.get("abandon")) or control.state["stop"]:
+                                                         and current.get("abandon")) or control.state["stop"] \
+                or interrupted():
             return None
         if current.get("generation") == generation and current.get("go"):
             break
