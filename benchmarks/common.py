@@ -125,6 +125,19 @@ def print_rounds(label: str, rounds: list[dict], extra_rows=()) -> float:
     return ratio
 
 
+def engine_threads(session) -> dict[str, str]:
+    """The TensorFlow thread pools of the cluster's engines (each its share of the host, as `%dist status` shows
+    them), printed, as the environment an anchor's processes get so both sides compute with the same threads."""
+    from nbdist.threads import INTER_ENV, INTRA_ENV
+
+    labels = {session.cluster.info(eid).threads for eid in session.cluster.ids()}
+    print(f"engines' TensorFlow threads (intra/inter-op): {', '.join(sorted(map(str, labels)))}")
+    if len(labels) != 1 or "/" not in str(next(iter(labels))):
+        return {}
+    intra, inter = next(iter(labels)).split("/")
+    return {name: n for name, n in ((INTRA_ENV, intra), (INTER_ENV, inter)) if n.isdigit()}
+
+
 def steady_samples_per_s(epoch_seconds: list[float], samples: int) -> float:
     """Samples/s of the median epoch after the first (which includes tracing); the median shrugs
     off an epoch that a noisy neighbour slowed down."""

@@ -1,6 +1,7 @@
 """nbdist HFDT against a plain Horovod script under `horovodrun --gloo`, side by side in one run.
 
-Same model, data and per-worker batch; 1 and 2 workers on each side, `--rounds` alternating rounds of
+Same model, data, per-worker batch and TensorFlow thread pools (horovodrun's ranks get the engines' share of
+the host, printed); 1 and 2 workers on each side, `--rounds` alternating rounds of
 each. Prints a table, then:
     RESULT hfdt_vs_horovodrun=<nbdist 2-worker samples/s over horovodrun 2-worker samples/s, median round>
     RESULT hfdt1_vs_horovodrun=<the same with 1 worker>
@@ -20,7 +21,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from common import DEFINITION, notebook_shell, print_table, steady_samples_per_s
+from common import DEFINITION, engine_threads, notebook_shell, print_table, steady_samples_per_s
 
 HFDT_CELL = textwrap.dedent('''
     model = build()
@@ -68,14 +69,14 @@ HOROVOD_SCRIPT = DEFINITION + textwrap.dedent('''
 ''')
 
 
-def horovodrun(workers: int, samples: int, epochs: int, batch: int) -> list[float]:
+def horovodrun(workers: int, samples: int, epochs: int, batch: int, threads: dict[str, str]) -> list[float]:
     horovodrun_bin = Path(sys.executable).with_name("horovodrun")
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "train.py"
         script.write_text(HOROVOD_SCRIPT.format(samples=samples, epochs=epochs, batch=batch))
         out = subprocess.run([str(horovodrun_bin), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo",
                               "--network-interface", "lo", sys.executable, str(script)],
-                             capture_output=True, text=True, timeout=900, env=dict(os.environ))
+                             capture_output=True, text=True, timeout=900, env={**os.environ, **threads})
     lines = [ln.split("@@", 1)[1] for ln in out.stdout.splitlines() if "@@" in ln]
     if out.returncode or not lines:
         raise RuntimeError(f"horovodrun failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
@@ -102,11 +103,13 @@ def main() -> None:
         return steady_samples_per_s(seconds, used[workers])
 
     def horovod_rate(workers):
-        return steady_samples_per_s(horovodrun(workers, args.samples, args.epochs, args.batch), used[workers])
+        return steady_samples_per_s(horovodrun(workers, args.samples, args.epochs, args.batch, threads),
+                                    used[workers])
 
     ip.run_line_magic("dist", "start -n 2")
     try:
         ip.run_cell_magic("distribute", "define", DEFINITION.format(samples=args.samples))
+        threads = engine_threads(session)  # horovodrun's ranks compute with the engines' thread pools
         singles = [(nbdist_rate(1), horovod_rate(1)) for _ in range(args.rounds)]  # alternate: drift hits both
         rounds = [(nbdist_rate(2), horovod_rate(2)) for _ in range(args.rounds)]
     finally:

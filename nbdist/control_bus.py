@@ -3,9 +3,10 @@ and, for an elastic `hfdt` run, the job the survivors of a dead rank re-form (`r
 
 The kernel publishes the whole control state on a ZeroMQ PUB socket, as signed wire messages
 (`nbdist.ps.wire`), on every change and every half second (so a worker that connects late or
-misses one learns it from the next). Each worker's `ControlPoint` polls its SUB socket inside
-the train step without waiting; under a synchronous strategy the ranks first agree on the
-flags (they travel in the step's allreduce), so every rank pauses or stops at the same step.
+misses one learns it from the next). Each worker's `ControlPoint` polls its SUB socket between
+train steps without waiting; under a synchronous strategy the ranks first agree on the flags
+(they travel in the step's allreduce: `strategies.control_step`), so every rank pauses or stops
+at the same step.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ class ControlBus:
 
 
 class ControlPoint:
-    """A worker's view of the bus, polled inside the train step. `stopped` ends the fit after the step."""
+    """A worker's view of the bus, polled between (or, in a pipeline stage, inside) train steps. `stopped`
+    ends the fit after the step."""
 
     def __init__(self, spec: dict):
         import zmq
@@ -121,14 +123,14 @@ class ControlPoint:
         if agreed[STOP] > 0:
             self.stopped = True
         elif agreed[PAUSED] > 0:
-            while self._poll()["paused"] and not self.state["stop"]:
-                time.sleep(PAUSE_POLL_S)  # a pause lasts as long as the user wants; nothing waits on it
+            self.wait_while_paused()
             self.stopped = bool(self.state["stop"])
         return agreed
 
-    def act_alone(self) -> np.ndarray:
-        """A single worker: its own view is the agreement."""
-        return self.act(self.flags())
+    def wait_while_paused(self) -> None:
+        """Return once the bus says resume, or stop."""
+        while self._poll()["paused"] and not self.state["stop"]:
+            time.sleep(PAUSE_POLL_S)  # a pause lasts as long as the user wants; nothing waits on it
 
     def close(self) -> None:
         self._socket.close(linger=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import threading
@@ -254,24 +255,31 @@ class Gate(keras.callbacks.Callback):
 '''
 
 
-def join_mid_run(kernel, cluster: TestCluster, options: str, cell: str) -> tuple[dict, int, object]:
-    """Start `cell` (3 epochs or more, its fit's callbacks include `Gate()`) in the background with `options`;
-    once it reports progress, pause it, open the gate, start an engine, wait for it to join, resume and wait for
-    the end: the `worker_joined` event, the newcomer's id and `%dist wait`'s reply."""
+@contextlib.contextmanager
+def paused_in_second_epoch(kernel, options: str, cell: str):
+    """Within: `cell` (3 epochs or more, its fit's callbacks include `Gate()`) runs in the background with `options`,
+    paused after the first epoch's end reported progress, its gate open (the pause holds it from then on)."""
     assert "Gate()" in cell, "the cell's fit holds the run in its second epoch with callbacks=[Gate()]"
     path = os.path.join(tempfile.gettempdir(), f"nbdist-gate-{uuid.uuid4().hex}")
     try:
         kernel.run(f"%%distribute --background {options}\n" + gate(path) + cell, timeout=120).check()
         eventually(kernel, "any(p.get('epochs') for p in nbdist.last_run.progress.values())", timeout=120)
-        kernel.run("nbdist.last_run.control('pause')").check()  # the run stands still until the newcomer is in
+        kernel.run("nbdist.last_run.control('pause')").check()
         open(path, "w").close()
+        yield
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+
+
+def join_mid_run(kernel, cluster: TestCluster, options: str, cell: str) -> tuple[dict, int, object]:
+    """`paused_in_second_epoch`, an engine started, and once it joined, resumed to the end: the `worker_joined` event,
+    the newcomer's id and `%dist wait`'s reply."""
+    with paused_in_second_epoch(kernel, options, cell):  # the run stands still until the newcomer is in
         newcomer, _ = new_engine(cluster)
         joined, = eventually(kernel, "nbdist.last_run.events_of('worker_joined')", timeout=120)
         kernel.run("nbdist.last_run.control('resume')").check()
         reply = kernel.run("%dist wait", timeout=300).check()
-    finally:
-        if os.path.exists(path):
-            os.remove(path)
     assert joined["engine"] == newcomer and joined["rank"] == 2, joined
     return joined, newcomer, reply
 

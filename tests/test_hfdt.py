@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from tests.conftest import TRAIN
-from tests.support import dies_at, eventually, new_engine, own_cluster, scaled, within
+from tests.support import dies_at, eventually, new_engine, own_cluster, paused_in_second_epoch, scaled, within
 
 pytestmark = pytest.mark.cluster
 cluster = own_cluster(engines=2)  # its tests kill, stall and interrupt engines
@@ -103,15 +103,13 @@ def test_a_rank_killed_mid_run_leaves_the_survivors_training_to_the_end_with_equ
 
 def test_an_engine_started_mid_run_joins_the_horovod_job_at_an_epoch_end_with_equal_weights(kernel, cluster):
     epochs = 5
-    kernel.run("%%distribute --strategy hfdt --background --seed 3 --targets 0,1\n" + TRAIN.format(epochs=epochs),
-               timeout=120).check()
-    eventually(kernel, "any(p.get('epochs') for p in nbdist.last_run.progress.values())", timeout=120)
-    kernel.run("nbdist.last_run.control('pause')").check()  # no epoch ends until the newcomer waits for the job
-    newcomer, _ = new_engine(cluster)
-    # the kernel announces the larger job once the newcomer waits for it; the ranks leave at the next epoch end
-    eventually(kernel, "(nbdist.last_run.controller.bus.state['reform'] or {}).get('grow')", timeout=120)
-    kernel.run("nbdist.last_run.control('resume')").check()
-    reply = kernel.run("%dist wait", timeout=300).check()
+    cell = TRAIN.format(epochs=epochs).replace("validation_data=", "callbacks=[Gate()], validation_data=")
+    with paused_in_second_epoch(kernel, "--strategy hfdt --seed 3 --targets 0,1", cell):
+        newcomer, _ = new_engine(cluster)  # no epoch ends until the newcomer waits for the job
+        # the kernel announces the larger job once the newcomer waits for it; the ranks leave at the next epoch end
+        eventually(kernel, "(nbdist.last_run.controller.bus.state['reform'] or {}).get('grow')", timeout=120)
+        kernel.run("nbdist.last_run.control('resume')").check()
+        reply = kernel.run("%dist wait", timeout=300).check()
     events = kernel.value("nbdist.last_run.events")
     joined, = [e for e in events if e["event"] == "worker_joined"]
     grown, = [e for e in events if e["event"] == "grown"]
@@ -209,6 +207,17 @@ def test_an_interrupt_while_the_survivors_re_form_stops_every_engine(kernel, clu
     assert reply.ename == "RunInterrupted", reply.error_text
     kernel.run("%%distribute --strategy hfdt --targets 0,1\n" + TRAIN.format(epochs=1), timeout=180).check()
     assert kernel.value(WEIGHTS_OF_RANKS) <= 1e-6
+
+
+def test_a_stop_sent_while_paused_ends_every_rank_at_the_same_step(kernel):
+    cell = TRAIN.format(epochs=200).replace("validation_data=", "callbacks=[Gate()], validation_data=")
+    with paused_in_second_epoch(kernel, "--strategy hfdt --targets 0,1", cell):
+        kernel.run("nbdist.last_run.control('stop')").check()  # the ranks leave the pause and agree on the stop
+        kernel.run("%dist wait", timeout=120).check()
+    assert kernel.value(WEIGHTS_OF_RANKS) <= 1e-6
+    assert 2 <= kernel.value("len(history.history['loss'])") < 200  # paused in its second epoch, then stopped
+    steps = kernel.value("[nbdist.last_run.progress[e]['record']['step'] for e in nbdist.last_run.workers]")
+    assert steps[0] == steps[1], steps
 
 
 def test_balance_auto_sizes_batches_by_speed_and_the_slow_rank_no_longer_sets_the_pace(kernel):

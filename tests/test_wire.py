@@ -107,6 +107,18 @@ def test_wrong_shape_dtype_or_non_finite_is_rejected(sockets, change, reason):
     assert rejected.value.reason == reason
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_the_finiteness_check_rejects_any_nan_or_inf_and_no_finite_value(dtype):
+    big = np.full(300_000, np.finfo(dtype).max / 2, dtype)  # finite, though the sum of squares overflows
+    assert wire.check_arrays({"w": big}, {"w": ((300_000,), np.dtype(dtype).name)}) is None
+    for bad in (np.nan, np.inf, -np.inf):
+        for where in (0, 70_000, 299_999):  # in the first chunk, a later one, the last entry
+            flawed = np.ones(300_000, dtype)
+            flawed[where] = bad
+            with pytest.raises(wire.Rejected, match="NaN or inf"):
+                wire.check_arrays({"w": flawed}, {"w": ((300_000,), np.dtype(dtype).name)})
+
+
 def test_pickle_is_not_a_dtype():
     with pytest.raises(ValueError, match="dtype object"):
         wire.encode(KEY, "push", {"x": np.array([object()])})

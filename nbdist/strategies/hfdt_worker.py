@@ -22,7 +22,7 @@ from ..sharding import shard_fit_data
 from ..step_timer import StepTimer
 from . import horovod_ops as ops
 from .base import Worker
-from .control_step import stop_when_stopped
+from .control_step import StepControls, acting_on
 from .hfdt_elastic import LEFT_KEY, Survivor, elastic, is_collective_failure, join_grown_job
 from .stall_watch import StallWatch
 
@@ -59,7 +59,8 @@ class HfdtWorker(Worker):
                 data = self._balanced_data(hvd, request, batches)
             weight = balance.gradient_weight(batches, hvd.rank())
             with apply_gradients_restored(model):
-                self._allreduce_every_optimizer(hvd, model, control, weight)
+                controls = StepControls(control)
+                self._allreduce_every_optimizer(hvd, model, controls, weight)
                 user = self.user_callbacks(request)
                 restored = [ops.rank0_restore(hvd, model)] if joined is None and any(
                     type(c).__name__ == "BackupAndRestore" for c in user) else []  # a newcomer took rank 0's state
@@ -72,7 +73,7 @@ class HfdtWorker(Worker):
                 survivor.guard(averager, "on_epoch_end")
                 survivor.guard(grows, "on_epoch_end")
                 callbacks = [averager, *scaling, grows, *self._simulation(per_step), *user, *restored,
-                             stop_when_stopped(control), reporter, *self._scheduling()]
+                             acting_on(control, controls), reporter, *self._scheduling()]
                 # every rank must decide alike: Horovod matches the allreduce by its op's name, which the
                 # loop of fused steps changes; so the cell's callbacks count on every rank, as does --simulate
                 deciding = [*callbacks, *(request.callbacks or [])]
@@ -120,14 +121,14 @@ class HfdtWorker(Worker):
     def _scheduling(self) -> list:
         return [dynamic_data.epoch_follower(self.scheduled)] if self.scheduled is not None else []
 
-    def _allreduce_every_optimizer(self, hvd, model, control, weight: float) -> None:
+    def _allreduce_every_optimizer(self, hvd, model, controls, weight: float) -> None:
         """Every optimizer the model applies averages its gradients over the ranks first: `model.optimizer`
-        (carrying the run's controls), and those a `train_step` of the cell's own applies (a GAN's two)."""
+        and those a `train_step` of the cell's own applies (a GAN's two), each carrying the run's controls."""
         compression = self.values["compression"]
         model.optimizer.apply_gradients = ops.allreduced(hvd, model.optimizer.apply_gradients, compression,
-                                                         control, weight)
+                                                         controls, weight)
         for attr, other in other_optimizers(model).items():
-            other.apply_gradients = ops.allreduced(hvd, other.apply_gradients, compression, control, weight,
+            other.apply_gradients = ops.allreduced(hvd, other.apply_gradients, compression, controls, weight,
                                                    name=f"nbdist_gradients_{attr}")
         model.jit_compile = False  # XLA cannot compile Horovod's ops
 

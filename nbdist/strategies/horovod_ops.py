@@ -16,13 +16,14 @@ def broadcast_from_rank0(hvd, variables) -> None:
         variable.assign(hvd.broadcast(tf.convert_to_tensor(variable), root_rank=0, name=f"nbdist_init_{i}"))
 
 
-def allreduced(hvd, apply_gradients, compression: str | None, control=None, weight: float = 1.0,
+def allreduced(hvd, apply_gradients, compression: str | None, controls=None, weight: float = 1.0,
                name: str = "nbdist_gradients"):
     """`optimizer.apply_gradients` that first averages the gradients over all ranks (one fused group);
     `weight` multiplies this rank's gradients first (`hfdt --balance auto`: N b_rank / B).
 
-    With a `ControlPoint`, its flags travel in the same group, so every rank pauses or stops at
-    the same step (a rank that stopped alone would leave the others waiting in the next allreduce).
+    With `StepControls`, each rank's view of the run's controls travels in the same group (read from a
+    variable: no Python in the step) and the agreement is kept for after the call, so every rank pauses or
+    stops at the same step (a rank that stopped alone would leave the others waiting in the next allreduce).
     """
     import tensorflow as tf
 
@@ -34,14 +35,14 @@ def allreduced(hvd, apply_gradients, compression: str | None, control=None, weig
         dense = [tf.convert_to_tensor(pairs[i][0]) for i in present]  # IndexedSlices -> dense
         if weight != 1.0:
             dense = [g * tf.cast(weight, g.dtype) for g in dense]
-        if control is not None:
-            dense.append(tf.numpy_function(control.flags, [], tf.float32, stateful=True, name="nbdist_flags"))
+        if controls is not None:
+            dense.append(controls.seen.read_value())
         # A fixed name: Horovod matches tensors across ranks by name, and the default (from
         # layer names such as dense_3) differs on an engine that built other models before.
         reduced = (hvd.grouped_allreduce(dense, op=hvd.Average, compression=compressor, name=name)
                    if dense else [])
-        if control is not None:
-            tf.numpy_function(control.act, [reduced.pop()], tf.float32, stateful=True, name="nbdist_act")
+        if controls is not None:
+            controls.agreed.assign(reduced.pop())
         grads = [g for g, _ in pairs]
         for i, g in zip(present, reduced):
             grads[i] = g

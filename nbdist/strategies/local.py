@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from ..hetero import Profile, StepCost
-from ..keras_bridge import apply_gradients_restored
 from .base import Strategy, Worker
-from .control_step import controlled, stop_when_stopped
+from .control_step import acting_on
 from .options import SIMULATE
 
 
@@ -16,12 +15,9 @@ class LocalWorker(Worker):
         model, control = request.model, self.control_point()
         reporter = self.make_reporter(request.samples_per_step)
         try:
-            with apply_gradients_restored(model):
-                if model.optimizer is not None:
-                    model.optimizer.apply_gradients = controlled(model.optimizer.apply_gradients, control)
-                self._virtual_time(reporter, request)
-                return request.run_plain(callbacks=[*self.user_callbacks(request), stop_when_stopped(control),
-                                                    reporter], verbose=0)
+            self._virtual_time(reporter, request)
+            return request.run_plain(callbacks=[*self.user_callbacks(request), acting_on(control), reporter],
+                                     verbose=0)
         finally:
             control.close()
 
