@@ -75,13 +75,14 @@ def against_plain_fit_parser(doc: str) -> argparse.ArgumentParser:
 
 
 @contextlib.contextmanager
-def one_engine(samples: int, epochs: int):
-    """A notebook shell with a 1-engine cluster and the benchmark data defined; the cluster stops after."""
+def benchmark_cluster(samples: int, epochs: int, engines: int = 1):
+    """A notebook shell with a cluster of `engines` (1) and the benchmark data defined; the cluster stops after."""
     ip, session = notebook_shell()
-    print(f"Starting a 1-engine cluster; {samples} Fashion-MNIST samples, {epochs} epochs, batch 64")
-    ip.run_line_magic("dist", "start -n 1")
+    print(f"Starting a {engines}-engine cluster; {samples} Fashion-MNIST samples, {epochs} epochs, batch 64")
+    ip.run_line_magic("dist", f"start -n {engines}")
     try:
         ip.run_cell_magic("distribute", "define", DEFINITION.format(samples=samples))
+        engine_threads(session)
         yield ip, session
     finally:
         ip.run_line_magic("dist", "stop")

@@ -12,7 +12,8 @@ from __future__ import annotations
 import statistics
 import time
 
-from common import SGD_MOMENTUM, TRAIN, against_plain_fit_parser, alternate_with_plain_fit, one_engine, print_rounds
+from common import (SGD_MOMENTUM, TRAIN, against_plain_fit_parser, alternate_with_plain_fit, benchmark_cluster,
+                    print_rounds)
 
 
 def main() -> None:
@@ -20,7 +21,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="warm runs for the cell-to-first-step time")
     args = parser.parse_args()
 
-    with one_engine(args.samples, args.epochs) as (ip, session):
+    with benchmark_cluster(args.samples, args.epochs) as (ip, session):
         rounds = alternate_with_plain_fit(ip, session, "--strategy local", args.samples, args.epochs, args.rounds)
 
         first_steps = []

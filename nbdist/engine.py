@@ -115,9 +115,9 @@ def run_training_cell(spec: dict) -> list:
                 callbacks.one_writer(spec["rank"], spec["size"]), worker.cell_context(), intercept_fit(handler):
             run_source(spec["cell"], f"<nbdist training cell, run {spec['run']}>")
     except KeyboardInterrupt:
-        # The engine formats the error it returns with IPython's verbose traceback, which parses the source file
-        # of every frame: an interrupt raised deep inside TensorFlow (and chained to a broken collective's error)
-        # took the engine over 40 s to report on a loaded host. Nothing in those frames is the user's: cut them.
+        # The engine formats the error it returns with IPython's verbose traceback, which parses the source
+        # file of every frame: an interrupt raised deep inside TensorFlow (chained to a broken collective's
+        # error) took the engine over 40 s to report on a loaded host. None of those frames is the user's.
         raise KeyboardInterrupt(f"run {spec['run']} was interrupted on this engine") from None
     if not results:
         raise NoFitCall(
