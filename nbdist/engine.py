@@ -73,6 +73,19 @@ def _deterministic_ops(spec: dict):
             config.disable_op_determinism()
 
 
+@contextlib.contextmanager
+def _interrupt_reported_short(run_id):
+    """Within: an interrupt leaves as a KeyboardInterrupt of its own, without the frames it was raised in.
+
+    The engine formats the error it returns with IPython's verbose traceback, which parses the source file of
+    every frame: an interrupt raised deep inside TensorFlow (chained to a broken collective's error) took the
+    engine over 40 s to report on a loaded host. None of those frames is the user's."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"run {run_id} was interrupted on this engine") from None
+
+
 def run_training_cell(spec: dict) -> list:
     """Run the training cell with `fit` replaced by the strategy's worker; return one result per fit.
 
@@ -110,15 +123,10 @@ def run_training_cell(spec: dict) -> list:
         return history
 
     _seed(spec)
-    try:
-        with interrupt_guard.training(), working_directory(spec.get("cwd")), _deterministic_ops(spec), \
-                callbacks.one_writer(spec["rank"], spec["size"]), worker.cell_context(), intercept_fit(handler):
-            run_source(spec["cell"], f"<nbdist training cell, run {spec['run']}>")
-    except KeyboardInterrupt:
-        # The engine formats the error it returns with IPython's verbose traceback, which parses the source
-        # file of every frame: an interrupt raised deep inside TensorFlow (chained to a broken collective's
-        # error) took the engine over 40 s to report on a loaded host. None of those frames is the user's.
-        raise KeyboardInterrupt(f"run {spec['run']} was interrupted on this engine") from None
+    with _interrupt_reported_short(spec["run"]), interrupt_guard.training(), working_directory(spec.get("cwd")), \
+            _deterministic_ops(spec), callbacks.one_writer(spec["rank"], spec["size"]), worker.cell_context(), \
+            intercept_fit(handler):
+        run_source(spec["cell"], f"<nbdist training cell, run {spec['run']}>")
     if not results:
         raise NoFitCall(
             "the training cell finished without calling model.fit(...). Put the fit call in the "

@@ -59,8 +59,7 @@ class HfdtWorker(Worker):
                 data = self._balanced_data(hvd, request, batches)
             weight = balance.gradient_weight(batches, hvd.rank())
             with apply_gradients_restored(model):
-                controls = StepControls(control)
-                self._allreduce_every_optimizer(hvd, model, controls, weight)
+                controls = self._allreduce_every_optimizer(hvd, model, control, weight)
                 user = self.user_callbacks(request)
                 restored = [ops.rank0_restore(hvd, model)] if joined is None and any(
                     type(c).__name__ == "BackupAndRestore" for c in user) else []  # a newcomer took rank 0's state
@@ -121,16 +120,18 @@ class HfdtWorker(Worker):
     def _scheduling(self) -> list:
         return [dynamic_data.epoch_follower(self.scheduled)] if self.scheduled is not None else []
 
-    def _allreduce_every_optimizer(self, hvd, model, controls, weight: float) -> None:
+    def _allreduce_every_optimizer(self, hvd, model, control, weight: float) -> StepControls:
         """Every optimizer the model applies averages its gradients over the ranks first: `model.optimizer`
-        and those a `train_step` of the cell's own applies (a GAN's two), each carrying the run's controls."""
-        compression = self.values["compression"]
+        and those a `train_step` of the cell's own applies (a GAN's two), each carrying the run's controls
+        (returned, for the callback that acts on them)."""
+        compression, controls = self.values["compression"], StepControls(control)
         model.optimizer.apply_gradients = ops.allreduced(hvd, model.optimizer.apply_gradients, compression,
                                                          controls, weight)
         for attr, other in other_optimizers(model).items():
             other.apply_gradients = ops.allreduced(hvd, other.apply_gradients, compression, controls, weight,
                                                    name=f"nbdist_gradients_{attr}")
         model.jit_compile = False  # XLA cannot compile Horovod's ops
+        return controls
 
     def _reporter(self, hvd, model, step, batches: list[int]):
         """The metrics callback at this rank's batch (its time, on the virtual clock, the run's start plus the
