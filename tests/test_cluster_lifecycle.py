@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import DEFINITION
 from tests.kernel_driver import KernelDriver
-from tests.support import SGD_CELL, eventually
+from tests.support import SGD_CELL, eventually, paused_in_second_epoch
 
 pytestmark = pytest.mark.cluster
 
@@ -84,15 +84,14 @@ def test_a_dead_worker_engine_is_replaced_and_the_new_engine_joins_the_run(fresh
     started = engine_pids(kernel.run("%dist start -n 2", timeout=180).check().stdout)
     pids += started.values()
     kernel.run("%%distribute define --name data\n" + DEFINITION, timeout=120).check()
-    cell = SGD_CELL.format(lr=0.05, batch=32, epochs=4, steps="None", shuffle=True)
-    kernel.run("%%distribute --strategy nfdt --background --workers 2\n" + cell, timeout=120).check()
-    eventually(kernel, "any(p.get('epochs') for p in nbdist.last_run.progress.values())", timeout=120)
-    kernel.run("nbdist.last_run.control('pause')").check()  # nothing trains until the replacement is in
-    os.kill(started[1], signal.SIGKILL)
-    joined, = eventually(kernel, "nbdist.last_run.events_of('worker_joined')", timeout=120)
-    pids += engine_pids(kernel.run("%dist status", timeout=60).check().stdout).values()
-    kernel.run("nbdist.last_run.control('resume')").check()
-    reply = kernel.run("%dist wait", timeout=300).check()
+    cell = SGD_CELL.format(lr=0.05, batch=32, epochs=4, steps="None", shuffle=True).replace(
+        "validation_data=", "callbacks=[Gate()], validation_data=")
+    with paused_in_second_epoch(kernel, "--strategy nfdt --workers 2", cell):  # nothing trains until it is in
+        os.kill(started[1], signal.SIGKILL)
+        joined, = eventually(kernel, "nbdist.last_run.events_of('worker_joined')", timeout=120)
+        pids += engine_pids(kernel.run("%dist status", timeout=60).check().stdout).values()
+        kernel.run("nbdist.last_run.control('resume')").check()
+        reply = kernel.run("%dist wait", timeout=300).check()
     events = kernel.value("[(e['event'], e.get('engine')) for e in nbdist.last_run.events if 'control' not in e['event']]")
     assert events[:3] == [["worker_died", 1], ["engine_restarted", 1], ["worker_joined", 2]], events
     assert (joined["engine"], joined["rank"]) == (2, 2)
