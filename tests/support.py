@@ -240,7 +240,7 @@ def new_engine(cluster: TestCluster) -> tuple[int, int]:
 
 def gate(path: str) -> str:
     """Training-cell code defining the callback `Gate()`: every worker's second step of the second epoch waits
-    (bounded) until file `path` exists, so a test acts while the run stands there however loaded the machine (a
+    (bounded) until file `path` exists, so a test acts before the run passes there however loaded the machine (a
     tiny model's whole fit can end before the kernel's next control lands). The first epoch's end has reported
     progress by then."""
     return f'''
@@ -256,10 +256,11 @@ class Gate(keras.callbacks.Callback):
 
 
 @contextlib.contextmanager
-def paused_in_second_epoch(kernel, options: str, cell: str):
+def paused_in_first_two_epochs(kernel, options: str, cell: str):
     """Within: `cell` (3 epochs or more, its fit's callbacks include `Gate()`) runs in the background with `options`,
-    paused after the first epoch's end reported progress, its gate open (the pause holds it from then on)."""
-    assert "Gate()" in cell, "the cell's fit holds the run in its second epoch with callbacks=[Gate()]"
+    paused once it reported progress, its gate open. The pause lands in the first epoch or, at the latest, a step or
+    two past the gate (the second epoch's second step, which no worker passes before the pause was sent)."""
+    assert "Gate()" in cell, "the cell's fit holds the run at its gate with callbacks=[Gate()]"
     path = os.path.join(tempfile.gettempdir(), f"nbdist-gate-{uuid.uuid4().hex}")
     try:
         kernel.run(f"%%distribute --background {options}\n" + gate(path) + cell, timeout=120).check()
@@ -273,9 +274,9 @@ def paused_in_second_epoch(kernel, options: str, cell: str):
 
 
 def join_mid_run(kernel, cluster: TestCluster, options: str, cell: str) -> tuple[dict, int, object]:
-    """`paused_in_second_epoch`, an engine started, and once it joined, resumed to the end: the `worker_joined` event,
-    the newcomer's id and `%dist wait`'s reply."""
-    with paused_in_second_epoch(kernel, options, cell):  # the run stands still until the newcomer is in
+    """`paused_in_first_two_epochs`, an engine started, and once it joined, resumed to the end: the
+    `worker_joined` event, the newcomer's id and `%dist wait`'s reply."""
+    with paused_in_first_two_epochs(kernel, options, cell):  # the run stands still until the newcomer is in
         newcomer, _ = new_engine(cluster)
         joined, = eventually(kernel, "nbdist.last_run.events_of('worker_joined')", timeout=120)
         kernel.run("nbdist.last_run.control('resume')").check()

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import DEFINITION
 from tests.kernel_driver import KernelDriver
-from tests.support import SGD_CELL, eventually, paused_in_second_epoch
+from tests.support import SGD_CELL, eventually, paused_in_first_two_epochs
 
 pytestmark = pytest.mark.cluster
 
@@ -86,7 +86,7 @@ def test_a_dead_worker_engine_is_replaced_and_the_new_engine_joins_the_run(fresh
     kernel.run("%%distribute define --name data\n" + DEFINITION, timeout=120).check()
     cell = SGD_CELL.format(lr=0.05, batch=32, epochs=4, steps="None", shuffle=True).replace(
         "validation_data=", "callbacks=[Gate()], validation_data=")
-    with paused_in_second_epoch(kernel, "--strategy nfdt --workers 2", cell):  # nothing trains until it is in
+    with paused_in_first_two_epochs(kernel, "--strategy nfdt --workers 2", cell):  # nothing trains until it is in
         os.kill(started[1], signal.SIGKILL)
         joined, = eventually(kernel, "nbdist.last_run.events_of('worker_joined')", timeout=120)
         pids += engine_pids(kernel.run("%dist status", timeout=60).check().stdout).values()
