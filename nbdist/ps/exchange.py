@@ -20,7 +20,8 @@ import numpy as np
 
 from ..hetero import Slowdown
 from ..step_timer import StepTimer
-from .client import PsClient, PsRefused, merged
+from .client import PsClient, PsRefused
+from .flat_layout import FlatLayout, is_flat
 
 MAX_NON_FINITE_IN_A_ROW = 10
 
@@ -51,6 +52,8 @@ class PushPull:
         self.stop_asked = False  # the PS said: end this fit (a graceful stop, or this worker was evicted)
         self.phase: str | None = None  # the phase the PS answered with (ASHL)
         self.current: list[np.ndarray] = []  # the weights last received
+        self.layouts: list[FlatLayout] | None = None  # each shard's, from the first push: then pushes and replies
+        # are one buffer per dtype and shard
         self.virtual = None  # a VirtualClock on the virtual clock (nothing sleeps then)
         self.pulled: dict = {}  # the header of the last pull's first reply (the run's step cost, on the virtual clock)
         self.on_answer = None  # called with shard 0's header of every answer to a push (--data dynamic)
@@ -116,13 +119,13 @@ class PushPull:
 
     def pull(self) -> list[np.ndarray]:
         """The current weights (the start of a fit)."""
-        replies = self.client.request("pull")
+        replies = self.client.request("pull", None, self._flat_fields())
         self.pulled = replies[0].header
         return self._weights(replies)
 
     def done(self) -> list[np.ndarray]:
         """The final weights, once every worker has finished its fit (the end-of-fit barrier)."""
-        replies = self.client.request("done", **self.clock_fields())
+        replies = self.client.request("done", None, self._flat_fields(), **self.clock_fields())
         self._virtual_reply(replies)
         return self._weights(replies)
 
@@ -161,8 +164,7 @@ class PushPull:
         moved = self.client.bytes_sent + self.client.bytes_received
         held_s = 0.0
         try:
-            replies = self.client.request("push", split(grads, self.shard_of, len(self.plan)),
-                                          [{"version": v} for v in versions or self.versions], **fields)
+            replies = self.client.request("push", *self._per_shard(grads, fields, versions or self.versions), **fields)
             held_s = max(r.header.get("held_s") or 0.0 for r in replies)  # waiting for a round: not communication
         except PsRefused as exc:
             if exc.reason != "non_finite":
@@ -179,8 +181,7 @@ class PushPull:
         virtual, sent = self.virtual, sum(np.asarray(g).nbytes for g in grads.values())
         fields = {**fields, **virtual.push_fields(sent, steps=compute_steps)}
         try:
-            replies = self.client.request("push", split(grads, self.shard_of, len(self.plan)),
-                                          [{"version": v} for v in self.versions], **fields)
+            replies = self.client.request("push", *self._per_shard(grads, fields, self.versions), **fields)
         except PsRefused as exc:
             if exc.reason != "non_finite":
                 raise
@@ -191,6 +192,21 @@ class PushPull:
         self.timer.comm_s = virtual.link_s(sent) * 2
         self.timer.comm_total_s += self.timer.comm_s
         return self._answered(replies)
+
+    def _per_shard(self, grads: dict, fields: dict, versions: list[int]) -> tuple[list[dict], list[dict]]:
+        """Each shard's arrays and header fields of a push: its gradients packed into one buffer per dtype,
+        unless compressed (top-k selects per variable: a buffer per variable then)."""
+        arrays, own = split(grads, self.shard_of, len(self.plan)), [{"version": v} for v in versions]
+        if "compression" in fields:
+            return arrays, own
+        if self.layouts is None:
+            self.layouts = [FlatLayout.of(part) for part in arrays]
+        return [layout.read(part) for layout, part in zip(self.layouts, arrays)], \
+            [{**fields, "flat": layout.digest} for fields, layout in zip(own, self.layouts)]
+
+    def _flat_fields(self) -> list[dict] | None:
+        """What asks the shards for flat replies, once this worker lays its pushes out flat."""
+        return None if self.layouts is None else [{"flat": layout.digest} for layout in self.layouts]
 
     def _answered(self, replies) -> list[np.ndarray]:
         if self.on_answer is not None:
@@ -217,8 +233,11 @@ class PushPull:
     def _weights(self, replies) -> list[np.ndarray]:
         self.versions = [r.header["version"] for r in replies]
         self.stop_asked = self.stop_asked or any(r.header.get("stop") for r in replies)
-        new = merged(replies)
-        self.current = [np.array(new[name]) for name in self.names]  # own copies: the frames are read-only
+        new = {}
+        for i, reply in enumerate(replies):
+            own = {key: np.array(array) for key, array in reply.arrays.items()}  # the frames are read-only
+            new.update(self.layouts[i].views(own) if is_flat(own) else own)
+        self.current = [new[name] for name in self.names]
         return self.current
 
     def metrics(self) -> dict:

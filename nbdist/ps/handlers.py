@@ -40,7 +40,7 @@ def _push(shard, ident, worker, message):
 def _probe(shard, ident, worker, message):
     """A timed round trip of a push's size (profiling): nothing is applied."""
     shard.check_push(message)
-    return [(ident, "weights", dict(shard.variables), {"version": shard.version})]
+    return [(ident, "weights", shard.weights(worker), {"version": shard.version})]
 
 
 def _pull(shard, ident, worker, message):

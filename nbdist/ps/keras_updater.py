@@ -29,6 +29,8 @@ def warm_up() -> None:
 class KerasUpdater:
     """The updater (see `nbdist.ps.updaters`) that hands each gradient to a Keras optimizer."""
 
+    per_variable = True  # the shard hands it each variable (views of its flat arrays), not the flat arrays
+
     def __init__(self, config: dict, variables: dict[str, np.ndarray], saved: dict, iterations: int = 0):
         import keras
         import tensorflow as tf

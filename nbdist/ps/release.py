@@ -148,8 +148,8 @@ class SynchronousRounds(ReleasePolicy):
             return []
         entries, self.round = dict(sorted(self.round.items())), {}  # by rank: the same sum and log every run
         total = shard.round_total([batch for _, _, _, batch, _ in entries.values()])
-        mean = {name: sum(grads[name].astype(np.float64) * (batch / total) for _, _, grads, batch, _ in entries.values())
-                .astype(shard.variables[name].dtype) for name in shard.variables}
+        mean = {key: sum(grads[key].astype(np.float64) * (batch / total) for _, _, grads, batch, _ in entries.values())
+                .astype(shard.flat[key].dtype) for key in shard.flat}
         info = shard.update(mean, -1, 0)
         replies, now = [], time.time()
         clock = {} if vt is None else {"vt": vt}

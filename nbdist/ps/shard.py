@@ -22,6 +22,7 @@ from . import rules, wire
 from .compression import decode_push
 from .dealer import Dealer
 from .extension import load_extension
+from .flat_layout import FlatLayout, is_flat
 from .handlers import HANDLERS, HELD_KINDS
 from .push_log import LOG_FIELDS, WINDOW, PushLog
 from .release import SynchronousRounds
@@ -29,6 +30,7 @@ from .updaters import CommitUpdater, make_updater
 from .virtual_time import policy_for
 from .zero_copy import SharedArrays
 
+WEIGHTS_REQUESTS = ("pull", "push", "done", "probe")  # answered with the weights
 NEEDS_MODEL = ("push", "pull", "probe", "epoch", "done", "learning_rate", "report", "turn", "profile", "batch")
 CONTROLLER = "controller"
 CONTROLLER_KINDS = {"state", "stats", "restore", "stop", "heartbeat", "control", "admit", "drop"}
@@ -43,6 +45,7 @@ class WorkerState:
     evicted: bool = False
     died_at: float | None = None
     first_epoch: int = 0  # a newcomer's first epoch: the epoch barriers before it do not wait for it
+    flat: bool = False  # its weights requests ask for flat buffers (`FlatLayout`), not a buffer per variable
 
 
 class Shard:
@@ -68,7 +71,10 @@ class Shard:
         if self.incarnation:  # restarted: a worker that finished its fit before the crash says nothing more
             for worker in self.workers.values():
                 worker.last_seen = time.time()
-        self.variables: dict[str, np.ndarray] = {}
+        self.flat: dict[str, np.ndarray] = {}  # one array per dtype (FlatLayout) ...
+        self.variables: dict[str, np.ndarray] = {}  # ... and each variable a view into it
+        self.flat_layout: FlatLayout | None = None
+        self.variables_base: dict[str, np.ndarray] = {}  # the flat arrays the views were made of
         self.updater = None
         self.frozen: dict[str, np.ndarray] = {}
         self.layout: list = []
@@ -148,9 +154,11 @@ class Shard:
     def handle(self, ident: bytes, message: wire.Message) -> list:
         """Replies as (ident, kind, arrays, fields); held requests are answered later by `release`."""
         worker = self.worker_of(message)
+        kind = message.kind
         if worker >= 0:
             self.workers[worker].last_seen = time.time()
-        kind = message.kind
+            if kind in WEIGHTS_REQUESTS:  # (one at a time per worker: the reply answers this one)
+                self.workers[worker].flat = "flat" in message.header
         if self.incarnation and not self.initialised and kind in NEEDS_MODEL:
             # a request queued for the shard that died: the worker resends it once this one announces itself
             raise wire.Rejected("restarting", "the shard was restarted and has not received its checkpoint yet")
@@ -222,7 +230,8 @@ class Shard:
         if self.live():
             return None
         if not self.finalized and hasattr(self.updater, "finalize"):  # EMA: the averages become the weights
-            self.updater.finalize({n: self.shared.writable(self.variables, n) for n in self.variables})
+            self.writable()
+            self.updater.finalize(self.variables)
         if not self.finalized:
             self.fits_ended += 1
         self.finalized = True
@@ -231,18 +240,26 @@ class Shard:
 
     # -- pushes ------------------------------------------------------------------------
     def check_push(self, message: wire.Message) -> None:
-        """Decode a (compressed) push or probe and check its arrays; raise `wire.Rejected` otherwise."""
+        """Decode a (compressed) push or probe and check its arrays; raise `wire.Rejected` otherwise. Its
+        arrays become flat (`FlatLayout`): a push of a buffer per variable is packed here."""
         if not self.initialised:
             raise wire.Rejected("malformed", f"{message.kind} before init")
         reason = message.header.get("compression_reason")
         if reason:
             self.record("compression", worker=message.header.get("worker"), mode=message.header.get("compression"),
                         reason=str(reason)[:200])
-        try:
-            message.arrays = decode_push(message.arrays, message.header.get("compression"), self.expected())
-        except ValueError as exc:
-            raise wire.Rejected("malformed", f"compressed push: {exc}") from None
-        wire.check_arrays(message.arrays, self.expected())
+        if is_flat(message.arrays):
+            if message.header.get("flat") != self.flat_layout.digest:
+                raise wire.Rejected("wrong_shape", "the worker lays this shard's variables out differently (its "
+                                                   "model is not the one the shard holds)")
+            wire.check_arrays(message.arrays, self.flat_layout.expected())
+        else:
+            try:
+                message.arrays = decode_push(message.arrays, message.header.get("compression"), self.expected())
+            except ValueError as exc:
+                raise wire.Rejected("malformed", f"compressed push: {exc}") from None
+            wire.check_arrays(message.arrays, self.expected())
+            message.arrays = self.flat_layout.read(message.arrays)
         if message.kind == "push" and not isinstance(message.header.get("version"), int):
             raise wire.Rejected("malformed", "push without the version its gradient was computed on")
 
@@ -268,22 +285,40 @@ class Shard:
         return self.dealer.pushed(worker) if self.dealer is not None else None
 
     def update(self, grads: dict, worker: int, staleness: int) -> dict:
-        """One update of the shard's variables by the updater; what it did (DESIGN.md section 8 fields)."""
-        variables = {name: self.shared.writable(self.variables, name) for name in grads}
-        info = self.updater.apply(variables, grads, worker, staleness, self.version, self.lr_scale)
+        """One update of the shard's variables by the updater, from flat gradients; what it did (DESIGN.md
+        section 8 fields). The numpy rules update each flat array at once, Keras each variable."""
+        flat = self.writable()
+        if getattr(self.updater, "per_variable", False):
+            info = self.updater.apply(self.variables, self.flat_layout.views(grads), worker, staleness, self.version,
+                                      self.lr_scale)
+        else:
+            info = self.updater.apply(flat, grads, worker, staleness, self.version, self.lr_scale)
         if info["outcome"] == "applied":
             self.version += 1
         self.counts[info["outcome"]] += 1
         return info
 
+    def writable(self) -> dict[str, np.ndarray]:
+        """The flat arrays, safe to update in place (copied first where a reply holds one); the views follow."""
+        flat = {key: self.shared.writable(self.flat, key) for key in list(self.flat)}
+        if any(flat[key] is not self.variables_base[key] for key in flat):
+            self.variables, self.variables_base = self.flat_layout.views(flat), dict(flat)
+        return flat
+
+    def weights(self, worker: int) -> dict[str, np.ndarray]:
+        """The arrays of a weights reply to `worker`, flat if it asked so; held until sent (an update before then
+        works on a copy)."""
+        arrays = dict(self.flat) if self.workers[worker].flat else dict(self.variables)
+        self.shared.hold(arrays.values())
+        return arrays
+
     def weights_reply(self, ident: bytes, worker: int, stop: bool | None = None, **fields) -> tuple:
         """The current weights for `worker` (what it computes on next), with the shard's version."""
-        self.updater.sent(worker, self.variables)
+        self.updater.sent(worker, self.flat)
         extra = self.extension.reply_fields(self) if self.extension is not None else {}
         if self.dealer is not None:  # the batches dealt to it since its last reply
             extra = {**extra, **self.dealer.deliver(worker)}
-        self.shared.hold(self.variables.values())  # until sent: an update before then works on a copy
-        return (ident, "weights", dict(self.variables),
+        return (ident, "weights", self.weights(worker),
                 {"version": self.version, "stop": self.finishing if stop is None else stop, **extra, **fields})
 
     def become_synchronous(self) -> None:
@@ -464,12 +499,15 @@ class Shard:
         self.spec = rules.OptimizerSpec(**message.header["optimizer"])
         if self.momentum is not None:  # --momentum overrides the cell's (asgd:momentum=0 in comparisons)
             self.spec = replace(self.spec, momentum=float(self.momentum))
+        values = {}
         for name in names:
-            value = np.array(source[name], dtype=message.arrays[name].dtype)
+            values[name] = value = np.asarray(source[name], dtype=message.arrays[name].dtype)
             if value.shape != message.arrays[name].shape:
                 return "error", None, {"message": f"checkpoint {name} has shape {value.shape}, the model "
                                                   f"{message.arrays[name].shape}"}
-            self.variables[name] = value
+        self.flat_layout = FlatLayout.of(values)
+        self.flat = self.flat_layout.pack(values)
+        self.variables, self.variables_base = self.flat_layout.views(self.flat), dict(self.flat)
         self.updater = make_updater(self.rule, self.spec, self.variables, saved, iterations, self.optimizer_backend)
         self.frozen = {k: np.array(v) for k, v in message.arrays.items() if k not in self.variables and k not in saved}
         self.layout = message.header.get("layout") or []

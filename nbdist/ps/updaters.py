@@ -14,22 +14,23 @@ import numpy as np
 
 from ..optimizer_state import ITERATIONS
 from . import delay, rules
+from .flat_layout import FlatLayout
 
 
 class OptimizerUpdater:
     """The optimizer compiled in the cell (SGD, momentum, Nesterov, Adam) in numpy, as Keras applies it.
 
     `saved` holds slots named as Keras names them (``<variable>:momentum``) and `iterations`
-    the optimizer's step count, so a run continues from the notebook's optimizer state."""
+    the optimizer's step count, so a run continues from the notebook's optimizer state.
+    The slots are flat (`FlatLayout.state`): `apply` takes the variables and gradients by
+    name or as the shard's flat arrays, the same elementwise arithmetic either way."""
 
     def __init__(self, spec: rules.OptimizerSpec, variables: dict[str, np.ndarray], saved: dict,
                  iterations: int = 0):
         self.spec = spec
         self.iterations = int(iterations)
-        self.slots = {}
-        for name, value in variables.items():
-            fresh = rules.new_state(spec, value.shape, value.dtype)
-            self.slots[name] = {s: np.array(saved.get(f"{name}:{s}", fresh[s]), value.dtype) for s in fresh}
+        self.names = list(variables)
+        self.slots = FlatLayout.of(variables).state(rules.new_state(spec, ()), lambda n, s: saved.get(f"{n}:{s}"))
 
     def sent(self, worker: int, variables: dict[str, np.ndarray]) -> None:
         """The weights `worker` computes its next gradient on (unused by this rule)."""
@@ -47,7 +48,7 @@ class OptimizerUpdater:
         self.spec = replace(self.spec, learning_rate=value)
 
     def state(self) -> dict[str, np.ndarray]:
-        slots = {f"{name}:{s}": np.array(v) for name, slots in self.slots.items() for s, v in slots.items()}
+        slots = {f"{name}:{s}": np.array(v) for name in self.names for s, v in self.slots[name].items()}
         return {**slots, ITERATIONS: np.array(self.iterations, np.int64)}
 
 
@@ -58,27 +59,29 @@ class DelayUpdater:
                  saved: dict, iterations: int = 0):
         self.params, self.spec = params, spec
         self.iterations = int(iterations)
+        self.names, self.layout = list(variables), FlatLayout.of(variables)
         # the velocity plays the part of SGD's momentum slot (what the notebook's optimizer receives)
-        self.velocity = {n: np.array(saved.get(f"{n}:momentum", np.zeros_like(v)), v.dtype)
-                         for n, v in variables.items()}
+        velocity = self.layout.state(["momentum"], lambda n, s: saved.get(f"{n}:momentum"))
+        self.velocity = {key: slots["momentum"] for key, slots in velocity.items()}
         self.tau_bar = float(saved.get("tau_bar", np.zeros(())).item()) if "tau_bar" in saved else 0.0
         self.workers: dict[int, dict[str, dict[str, np.ndarray]]] = {}
 
-    def _worker(self, worker: int, variables: dict) -> dict:
-        if worker not in self.workers:
-            self.workers[worker] = {n: delay.new_worker_state(v.shape, v.dtype) for n, v in variables.items()}
+    def _worker(self, worker: int) -> dict:
+        if worker not in self.workers:  # w_bak and MS, flat like the velocity
+            self.workers[worker] = self.layout.state(delay.new_worker_state(()), lambda n, s: None)
         return self.workers[worker]
 
     def sent(self, worker: int, variables: dict[str, np.ndarray]) -> None:
-        for name, state in self._worker(worker, variables).items():
-            np.copyto(state["w_bak"], variables[name])
+        states = self._worker(worker)
+        for key, value in variables.items():
+            np.copyto(states[key]["w_bak"], value)
 
     def apply(self, variables: dict, grads: dict, worker: int, tau: int, version: int, lr_scale: float = 1.0) -> dict:
         decision = delay.decide(self.params, self.tau_bar, tau)
         self.tau_bar = decision.tau_bar
         lr = rules.learning_rate(self.spec, self.iterations) * lr_scale
         self.iterations += not decision.dropped
-        states = self._worker(worker, variables)
+        states = self._worker(worker)
         comp_sq = sum(delay.apply(self.params, decision, variables[n], g, self.velocity[n], states[n], lr)
                       for n, g in grads.items())
         return {"outcome": "dropped" if decision.dropped else "applied", "gamma": round(decision.gamma, 6),
@@ -88,7 +91,7 @@ class DelayUpdater:
         self.spec = replace(self.spec, learning_rate=value)
 
     def state(self) -> dict[str, np.ndarray]:
-        return {**{f"{n}:momentum": np.array(v) for n, v in self.velocity.items()}, "tau_bar": np.array(self.tau_bar),
+        return {**{f"{n}:momentum": np.array(self.velocity[n]) for n in self.names}, "tau_bar": np.array(self.tau_bar),
                 ITERATIONS: np.array(self.iterations, np.int64)}
 
 

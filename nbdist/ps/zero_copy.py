@@ -4,7 +4,8 @@ Replies hand ZeroMQ the shard's own variable buffers (no copy, `ZERO_COPY_FROM` 
 up); ZeroMQ tracks when it has finished reading each. A reply holds its arrays from the
 moment it is made (several replies can be made before any is sent: one release of held
 pushes applies and answers several); an update that would change an array a reply holds,
-or ZeroMQ is still reading, replaces it with a copy first.
+or ZeroMQ is still reading, replaces it with a copy first. A view (a variable of a shard's
+flat array) counts as the array that owns its memory: updating that array changes the view.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ import numpy as np
 ZERO_COPY_FROM = 1 << 16  # bytes: smaller arrays are copied into the message, larger ones sent by reference
 
 
+def _owner(array: np.ndarray) -> np.ndarray:
+    return array if array.base is None else array.base
+
+
 class SharedArrays:
-    """What replies hold or ZeroMQ may still be reading: id(array) -> [array, trackers, replies holding it]."""
+    """What replies hold or ZeroMQ may still be reading: id(owner) -> [owner, trackers, replies holding it]."""
 
     def __init__(self):
         self.in_flight: dict[int, list] = {}
@@ -23,19 +28,21 @@ class SharedArrays:
     def hold(self, arrays) -> None:
         """A reply was made with these arrays (it is not sent yet)."""
         for array in arrays:
-            self.in_flight.setdefault(id(array), [array, [], 0])[2] += 1
+            owner = _owner(array)
+            self.in_flight.setdefault(id(owner), [owner, [], 0])[2] += 1
 
     def sent(self, arrays, trackers) -> None:
         """A reply went out: its `arrays`, and the trackers of those ZeroMQ sends by reference (else None)."""
         for array, tracker in zip(arrays, trackers):
-            entry = self.in_flight.get(id(array))
+            owner = _owner(array)
+            entry = self.in_flight.get(id(owner))
             if entry is None:
                 continue
             entry[2] -= 1
             if tracker is not None:
                 entry[1].append(tracker)
             elif entry[2] <= 0 and not entry[1]:
-                del self.in_flight[id(array)]
+                del self.in_flight[id(owner)]
 
     def writable(self, container: dict, key: str) -> np.ndarray:
         """`container[key]`, safe to update in place: copied first if a reply holds it or it is still sending."""
