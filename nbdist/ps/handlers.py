@@ -7,9 +7,12 @@ policy or barrier can answer it.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from . import wire
+from .worker_state import WorkerState
 
 HELD_KINDS = ("pull", "push", "done", "epoch", "batch")  # answered when their condition holds
 
@@ -110,11 +113,38 @@ def _restore(shard, ident, worker, message):
 
 
 def _admit(shard, ident, worker, message):
-    return [(ident, "ok", None, shard.admit(message.header))]
+    """A newcomer joins the running fit as worker `worker_id` (DESIGN.md section 10): from the epoch after the
+    last one any worker posted (or the open epoch's, where batches are dealt), its pushes counted from the slowest
+    live worker's (a staleness bound does not hold the others back for it). Refused once a fit has ended or no
+    epoch of `epochs` is left."""
+    newcomer, epochs = message.header.get("worker_id"), message.header.get("epochs")
+    if not isinstance(newcomer, int) or newcomer in shard.workers or not isinstance(epochs, int):
+        raise wire.Rejected("malformed", "an admit names a new worker id and the fit's epochs")
+    first = max(shard.epoch_logs, default=-1) + 1
+    if shard.dealer is not None and shard.dealer.first_epoch() is not None:  # batches of the open epoch are left
+        first = shard.dealer.first_epoch()
+    if shard.fits_ended or not shard.initialised or not shard.live():
+        answer = {"admitted": False, "reason": "the run's first fit has ended"}
+    elif first >= epochs:
+        answer = {"admitted": False, "reason": f"no epoch is left to join (the run posted epoch {first - 1})"}
+    else:
+        shard.workers[newcomer] = WorkerState(pushed=shard.slowest() or 0, first_epoch=first)
+        shard.record("worker_admitted", worker=newcomer, first_epoch=first)
+        answer = {"admitted": True, "first_epoch": first}
+    return [(ident, "ok", None, answer)]
 
 
 def _drop(shard, ident, worker, message):
-    return [(ident, "ok", None, {}), *shard.drop(message.header.get("worker_id"))]
+    """The kernel saw worker `worker_id`'s engine die: nothing is waited for from it any more."""
+    dead = message.header.get("worker_id")
+    state = shard.workers.get(dead) if isinstance(dead, int) else None
+    if state is None:
+        raise wire.Rejected("malformed", f"drop of unknown worker {dead!r}")
+    if state.alive:
+        state.alive, state.died_at = False, time.time()
+        shard.record("worker_dropped", t=state.died_at, worker=dead, pushed=state.pushed, silent_s=None,
+                     **shard.requeue(dead))
+    return [(ident, "ok", None, {}), *shard.policy.complete_round(shard), *shard.release()]
 
 
 def _stop(shard, ident, worker, message):

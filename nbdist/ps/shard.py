@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 
 import numpy as np
 
@@ -28,24 +28,13 @@ from .push_log import LOG_FIELDS, WINDOW, PushLog
 from .release import SynchronousRounds
 from .updaters import CommitUpdater, make_updater
 from .virtual_time import policy_for
+from .worker_state import WorkerState
 from .zero_copy import SharedArrays
 
 WEIGHTS_REQUESTS = ("pull", "push", "done", "probe")  # answered with the weights
 NEEDS_MODEL = ("push", "pull", "probe", "epoch", "done", "learning_rate", "report", "turn", "profile", "batch")
 CONTROLLER = "controller"
 CONTROLLER_KINDS = {"state", "stats", "restore", "stop", "heartbeat", "control", "admit", "drop"}
-
-
-@dataclass
-class WorkerState:
-    pushed: int = 0
-    last_seen: float | None = None  # None until its first message: importing TensorFlow is not death
-    alive: bool = True
-    done: bool = False
-    evicted: bool = False
-    died_at: float | None = None
-    first_epoch: int = 0  # a newcomer's first epoch: the epoch barriers before it do not wait for it
-    flat: bool = False  # its weights requests ask for flat buffers (`FlatLayout`), not a buffer per variable
 
 
 class Shard:
@@ -374,35 +363,6 @@ class Shard:
         return agreed
 
     # -- workers that join or go -------------------------------------------------------
-    def admit(self, header: dict) -> dict:
-        """A newcomer joins the running fit as worker `worker` (DESIGN.md section 10): from the epoch after the
-        last one any worker posted, its pushes counted from the slowest live worker's (a staleness bound does
-        not hold the others back for it). Refused once a fit has ended or no epoch of `epochs` is left."""
-        worker, epochs = header.get("worker_id"), header.get("epochs")
-        if not isinstance(worker, int) or worker in self.workers or not isinstance(epochs, int):
-            raise wire.Rejected("malformed", "an admit names a new worker id and the fit's epochs")
-        first = max(self.epoch_logs, default=-1) + 1
-        if self.dealer is not None and self.dealer.first_epoch() is not None:  # batches of the open epoch are left
-            first = self.dealer.first_epoch()
-        if self.fits_ended or not self.initialised or not self.live():
-            return {"admitted": False, "reason": "the run's first fit has ended"}
-        if first >= epochs:
-            return {"admitted": False, "reason": f"no epoch is left to join (the run posted epoch {first - 1})"}
-        self.workers[worker] = WorkerState(pushed=self.slowest() or 0, first_epoch=first)
-        self.record("worker_admitted", worker=worker, first_epoch=first)
-        return {"admitted": True, "first_epoch": first}
-
-    def drop(self, worker) -> list:
-        """The kernel saw `worker`'s engine die: nothing is waited for from it any more."""
-        state = self.workers.get(worker) if isinstance(worker, int) else None
-        if state is None:
-            raise wire.Rejected("malformed", f"drop of unknown worker {worker!r}")
-        if state.alive:
-            state.alive, state.died_at = False, time.time()
-            self.record("worker_dropped", t=state.died_at, worker=worker, pushed=state.pushed, silent_s=None,
-                        **self.requeue(worker))
-        return self.policy.complete_round(self) + self.release()
-
     def requeue(self, worker: int) -> dict:
         """A worker that goes leaves the batches it held to the others (`--data dynamic`): how many samples."""
         return {} if self.dealer is None else {"requeued": self.dealer.lost(worker)}
