@@ -15,7 +15,6 @@ from nbdist.netroute import interface_towards
 from nbdist.rendezvous import Rendezvous, host_plan
 from nbdist.sharding import shard_arrays, shard_dataset, split_validation
 from nbdist.strategies.hfdt_worker import require_resolvable
-from nbdist.strategies.horovod_ops import fusion_settings
 from nbdist.strategies.horovod_ops import lr_scaler as _lr_scaler
 
 
@@ -110,12 +109,3 @@ def test_speed_shares_are_interleaved_and_cover_every_sample_once():
     x = np.arange(100)
     parts = [shard_by_fraction(x, x, rank, [1.0, 1.0, 0.2, 0.1])[0] for rank in range(4)]
     assert [len(p) for p in parts] == [44, 43, 9, 4] and sorted(np.concatenate(parts).tolist()) == list(range(100))
-
-
-def test_horovods_fusion_buffer_holds_one_steps_gradients_and_controls_rounded_up_to_a_mib():
-    mib = 1 << 20
-    assert fusion_settings(0) == {"HOROVOD_FUSION_THRESHOLD": str(mib)}
-    assert fusion_settings(225_034 * 4) == {"HOROVOD_FUSION_THRESHOLD": str(mib)}  # the benchmark CNN: 0.86 MiB
-    assert fusion_settings(mib - 64) == {"HOROVOD_FUSION_THRESHOLD": str(mib)}
-    assert fusion_settings(mib - 63) == {"HOROVOD_FUSION_THRESHOLD": str(2 * mib)}  # the controls' bytes too
-    assert fusion_settings(300 * mib) == {"HOROVOD_FUSION_THRESHOLD": str(301 * mib)}  # past Horovod's 128 MiB

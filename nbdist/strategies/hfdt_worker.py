@@ -30,8 +30,6 @@ from .stall_watch import StallWatch
 class HfdtWorker(Worker):
     """One Horovod rank: shards the data, averages gradients and epoch metrics across ranks."""
 
-    fusion: dict[str, str] = {}  # Horovod's tensor-fusion settings for this run's model (`ops.fusion_settings`)
-
     @property
     def slot(self) -> dict:
         return self.config["slots"][self.rank]
@@ -152,7 +150,6 @@ class HfdtWorker(Worker):
         """(Horovod in the run's job with rank 0's weights and optimizer state, None); for an engine that
         joined the running run, the larger job at the ranks' next epoch end and what it joined ({"generation",
         "done", "initial_epoch"}); (None, None) when the kernel gave that join up."""
-        self.fusion = ops.fusion_settings(_gradient_bytes(model))
         if self.config.get("joining"):
             joined = join_grown_job(self._join_job, control, model, self.config.pop("joining"), _left)
             return (None, None) if joined is None else (joined["hvd"], joined)
@@ -200,12 +197,6 @@ class HfdtWorker(Worker):
         # for every run, so one run's setting is not the next's; an engine's own variable (set before its
         # first run) wins.
         os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = _ENGINE_GLOO_TIMEOUT or str(math.ceil(LIMITS.gloo_peer_s))
-        for key in _FUSION_KEYS:  # this run's, the engine's own, or (tensor's collectives) Horovod's default
-            value = _ENGINE_HOROVOD.get(key) or self.fusion.get(key)
-            if value:
-                os.environ[key] = value
-            else:
-                os.environ.pop(key, None)
         hvd.init()
         if (hvd.rank(), hvd.size()) != (slot["rank"], slot["size"]):
             raise ClusterError(f"Horovod gave rank {hvd.rank()}/{hvd.size()}, expected {slot['rank']}/{slot['size']}")
@@ -338,5 +329,3 @@ def _files_closed(hvd, survivor: Survivor) -> None:
 
 
 _ENGINE_GLOO_TIMEOUT = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS")  # as the engine started, before any run
-_FUSION_KEYS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")
-_ENGINE_HOROVOD = {key: os.environ[key] for key in _FUSION_KEYS if key in os.environ}

@@ -54,17 +54,6 @@ def allreduced(hvd, apply_gradients, compression: str | None, controls=None, wei
     return apply
 
 
-MIB = 1 << 20
-
-
-def fusion_settings(gradient_bytes: int) -> dict[str, str]:
-    """Horovod's tensor fusion sized for the model: a buffer that holds one step's grouped allreduce whole
-    (gradients and the run's controls), rounded up to a MiB. Horovod's default allocates 128 MiB on every rank
-    whatever the model (a small model's ranks need a fraction of it; a larger one's step is cut into several
-    rings). The cycle time stays Horovod's 1 ms (measured against 0.5 and 2.5 ms: docs/benchmarks.md)."""
-    return {"HOROVOD_FUSION_THRESHOLD": str(max(1, -(-(gradient_bytes + 64) // MIB)) * MIB)}
-
-
 def ring_allreduce_bytes(workers: int, nbytes: int) -> int:
     """Bytes each rank sends in one ring allreduce of `nbytes` (it receives as many): 2(N-1)/N of them."""
     return int(2 * (workers - 1) / workers * nbytes) if workers > 1 else 0
