@@ -17,33 +17,26 @@ import time
 import numpy as np
 
 from .ps import wire
+from .served_socket import ServedSocket
 
 REPEAT_S = 0.5
 PAUSE_POLL_S = 0.05
 PAUSED, STOP = 0, 1  # positions in the flags vector
 
 
-class ControlBus:
+class ControlBus(ServedSocket):
     """The kernel's side; `send` returns the new state (the acknowledgement). `stop()` is idempotent."""
 
     def __init__(self):
+        super().__init__()
         self.key = wire.new_key()
         self.state = {"paused": False, "stop": False, "seq": 0, "reform": None}
-        self.address: str | None = None
         self._lock = threading.Lock()
-        self._stopped = threading.Event()
-        self._socket = self._context = self._thread = None
 
     def start(self, bind: str) -> "ControlBus":
         import zmq
 
-        self._context = zmq.Context()
-        self._socket = self._context.socket(zmq.PUB)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        port = self._socket.bind_to_random_port(f"tcp://{bind}")
-        self.address = f"tcp://{bind}:{port}"
-        self._thread = threading.Thread(target=self._repeat, name="nbdist-control-bus", daemon=True)
-        self._thread.start()
+        self._serve_on(bind, zmq.PUB, self._repeat, "nbdist-control-bus")
         return self
 
     def send(self, action: str, value=None) -> dict:
@@ -65,15 +58,6 @@ class ControlBus:
         while not self._stopped.wait(REPEAT_S):
             with self._lock:
                 self._publish()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
-        if self._socket is not None:
-            self._socket.close(linger=0)
-            self._context.term()
-        self._socket = self._context = self._thread = None
 
     def spec(self) -> dict:
         """What a worker needs to listen (its address and the key), JSON-able."""

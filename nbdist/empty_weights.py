@@ -103,3 +103,10 @@ def materialized(variables):
     finally:
         for variable, initializer in made:
             variable._value, variable._initializer = None, initializer
+
+
+def variable_bytes(variable) -> int:
+    """A variable's bytes from its shape and dtype (it may have no value yet)."""
+    import numpy as np
+
+    return int(np.prod(variable.shape, dtype=np.int64)) * np.dtype(str(variable.dtype)).itemsize

@@ -72,10 +72,9 @@ def bytes_needed(state) -> int:
 
 def hold(model, kept: dict, client) -> None:
     """The notebook's `model` as the skeleton of a model whose weights stay on the engines `kept["engines"]`."""
-    from .model_parts import release
+    from .model_parts import free_values
 
-    release(model)
-    model._nbdist_released = False  # (a kernel model: the marker that counts is this one)
+    free_values(model)
     model._nbdist_kept = dict(kept)
 
     def save_weights(filepath, overwrite=True, max_shard_size=None):

@@ -10,46 +10,37 @@ stages own whole layers, `tensor` engines slices of layers; both use this one de
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 
 from .empty_weights import empty, fill, slots_without_values
 from .errors import ClusterError
 from .ps import wire
+from .served_socket import ServedSocket
 
 POLL_MS = 200
 ANSWER_S = 120.0  # how long an engine waits for the desk's answer
 WHOLE = 1 << 40  # a part may be large
 
 
-class PartsDesk:
+class PartsDesk(ServedSocket):
     """Kernel side: serves each engine its part of the notebook's models (`models`: {name: `ModelState`}) and keeps
     the trained parts the engines hand in (`trained[(rank, fit)]`: weights, optimizer variables, header)."""
 
     thread_name = "nbdist-parts-desk"
 
     def __init__(self, key: bytes, models: dict | None = None):
+        super().__init__()
         self.key, self.models = key, models or {}
         self.trained: dict[tuple[int, int], tuple[list, list, dict]] = {}
-        self.address: str | None = None
-        self._stop = threading.Event()
-        self._thread = self._socket = self._context = None
 
     def start(self, bind: str) -> str:
         import zmq
 
-        self._context = zmq.Context()
-        self._socket = self._context.socket(zmq.ROUTER)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        port = self._socket.bind_to_random_port(f"tcp://{bind}")
-        self.address = f"tcp://{bind}:{port}"
-        self._thread = threading.Thread(target=self._serve, name=self.thread_name, daemon=True)
-        self._thread.start()
-        return self.address
+        return self._serve_on(bind, zmq.ROUTER, self._serve, self.thread_name)
 
     def _serve(self) -> None:
-        while not self._stop.is_set():
+        while not self._stopped.is_set():
             if not self._socket.poll(POLL_MS):
                 continue
             ident, *frames = self._socket.recv_multipart()
@@ -89,16 +80,6 @@ class PartsDesk:
         weights = [arrays[f"w{i}"] for i in range(int(header["weights"]))]
         optimizer = [arrays[f"o{i}"] for i in range(int(header["optimizer"]))]
         self.trained[(int(header["rank"]), int(header["fit"]))] = (weights, optimizer, header)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
-        if self._socket is not None:
-            self._socket.close(linger=0)
-            self._context.term()
-        self._socket = self._context = self._thread = None
-
 
 class DeskClient:
     """Engine side: asks the kernel's desk, each answer awaited at most `timeout_s` (then fails naming `who`)."""
@@ -164,13 +145,18 @@ def release(model, keep=()) -> None:
     cell gave them values, and its optimizer's slots): under model parallelism an engine's copy is not the notebook's,
     and holding it whole is what the strategy avoids. The copy is marked released: the next run gives this
     engine the notebook's model again, and a second fit in the same cell is refused (`refuse_second_fit`)."""
+    free_values(model, keep)
+    model._nbdist_released = True
+
+
+def free_values(model, keep=()) -> None:
+    """Empty `model`'s weights besides `keep`, and its optimizer's slots (its iterations and learning rate stay)."""
     kept = {id(v) for v in keep}
     doomed = [v for v in model.weights if id(v) not in kept]
     if getattr(model.optimizer, "built", False):  # its slots (its iterations and learning rate are its settings)
         doomed += list(model.optimizer.variables)[optimizer_prefix(model.optimizer):]
     for variable in doomed:
         empty(variable)
-    model._nbdist_released = True
 
 
 def refuse_second_fit(model, strategy: str) -> None:
@@ -192,6 +178,18 @@ def notebook_name(model) -> str | None:
 def optimizer_prefix(optimizer) -> int:
     """How many of the optimizer's variables come before its per-variable slots (iteration, learning rate)."""
     return len(type(optimizer).from_config(optimizer.get_config()).variables)
+
+
+def slots_per_variable(count: int, prefix: int, trainable: int) -> int:
+    """Optimizer variables per trainable variable (Adam 2, SGD with momentum 1, plain SGD 0), of an optimizer of
+    `count` variables over `trainable` variables: Keras keeps each trainable variable's slots together, in the
+    order of the trainable variables, after its first `prefix` (iterations, learning rate)."""
+    return (count - prefix) // trainable if trainable else 0
+
+
+def slot_indices(prefix: int, per: int, index: int) -> range:
+    """Where the slots of trainable variable number `index` sit among the optimizer's variables."""
+    return range(prefix + index * per, prefix + (index + 1) * per)
 
 
 def load_slots(optimizer, trainable_variables, slots: list | None) -> None:

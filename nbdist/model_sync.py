@@ -123,7 +123,7 @@ class ModelState:
         (Keras keeps each variable's slots together, in the order of the trainable variables). With `axes` (one
         per weight, None for whole) and `slot_axes` (one per trainable variable): rank `rank`'s slice of each of
         `size` (`tensor`)."""
-        from .model_parts import cut
+        from .model_parts import cut, slot_indices, slots_per_variable
 
         axes = axes or [None] * len(weight_index)
         slot_axes = slot_axes or [None] * len(trainable_index)
@@ -131,9 +131,9 @@ class ModelState:
         trainable = self.trainable_count
         if self.optimizer is None or not trainable or (len(self.optimizer) - prefix) % trainable:
             return weights, None
-        per = (len(self.optimizer) - prefix) // trainable
-        slots = [cut(self.optimizer[prefix + i * per + k], axis, rank, size)
-                 for i, axis in zip(trainable_index, slot_axes) for k in range(per)]
+        per = slots_per_variable(len(self.optimizer), prefix, trainable)
+        slots = [cut(self.optimizer[k], axis, rank, size)
+                 for i, axis in zip(trainable_index, slot_axes) for k in slot_indices(prefix, per, i)]
         return weights, list(self.optimizer[:prefix]) + slots
 
     def digest(self) -> str:  # (of a state with values)

@@ -74,13 +74,13 @@ class Ownership:
     def of_parts(cls, parts: list[list], me: int, keeper: int, optimizer, own_trainable_index: list[int]):
         """Owner k holds the layers `parts[k]`; this owner's `optimizer` trains its trainable variables, which
         are `own_trainable_index` among the whole model's."""
-        from .model_parts import optimizer_prefix
+        from .model_parts import optimizer_prefix, slot_indices, slots_per_variable
 
         owner_of = {id(v): k for k, layers in enumerate(parts) for layer in layers for v in layer.weights}
         variables, prefix = list(optimizer.variables), optimizer_prefix(optimizer)
-        per = (len(variables) - prefix) // len(own_trainable_index) if own_trainable_index else 0
-        slots = {prefix + whole * per + t: variables[prefix + j * per + t]
-                 for j, whole in enumerate(own_trainable_index) for t in range(per)}
+        per = slots_per_variable(len(variables), prefix, len(own_trainable_index))
+        slots = {at: variables[k] for j, whole in enumerate(own_trainable_index)
+                 for at, k in zip(slot_indices(prefix, per, whole), slot_indices(prefix, per, j))}
         if me == keeper:
             slots.update(enumerate(variables[:prefix]))
         return cls(owner_of, me, keeper, slots, per)

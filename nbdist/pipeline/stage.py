@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from ..tensor_parallel.plan import variable_bytes
+from ..empty_weights import variable_bytes
 from . import schedule as schedules
 from .replicas import METRICS, RGRAD, Position, summed
 

@@ -13,6 +13,7 @@ import sys
 
 from .. import balance, dynamic_data, gpus
 from ..errors import ClusterError
+from ..empty_weights import variable_bytes
 from ..fused_steps import fused_steps
 from ..hetero import Slowdown
 from ..keras_bridge import apply_gradients_restored, build_for_training, other_optimizers
@@ -299,9 +300,7 @@ def _left(generation: int) -> None:
 
 
 def _gradient_bytes(model) -> int:
-    import numpy as np
-
-    return sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in model.trainable_variables)
+    return sum(variable_bytes(v) for v in model.trainable_variables)
 
 
 def require_resolvable(hostname: str) -> None:

@@ -16,7 +16,8 @@ from .. import gpus
 from ..empty_weights import fill, materialized, weights_without_values
 from ..errors import OptionError
 from ..keras_bridge import FitResult, build_from_sample
-from ..model_parts import load_slots, notebook_name, optimizer_prefix, refuse_second_fit, release, taken
+from ..model_parts import (load_slots, notebook_name, optimizer_prefix, refuse_second_fit, release, slot_indices,
+                           slots_per_variable, taken)
 from ..pipeline import schedule as schedules
 from ..pipeline import split as splits
 from ..pipeline.links import AddressBook, StageLinks
@@ -436,9 +437,9 @@ def assemble(results: list[FitResult]) -> FitResult:
     per = None
     for r in results:
         own = len(r.parts["trainable_index"])
-        per = (len(r.optimizer_weights) - prefix) // own if own else per
+        per = slots_per_variable(len(r.optimizer_weights), prefix, own) if own else per
         for j, i in enumerate(r.parts["trainable_index"]):
-            slots[i] = r.optimizer_weights[prefix + j * per: prefix + (j + 1) * per]
+            slots[i] = [r.optimizer_weights[k] for k in slot_indices(prefix, per, j)]
     optimizer = list(last.optimizer_weights[:prefix]) + [s for group in slots if group for s in group]
     merged = FitResult(weights=weights, optimizer_weights=optimizer, history=last.history, params=last.params,
                        epoch=last.epoch, records=last.records, timings=last.timings, callbacks=last.callbacks,

@@ -22,7 +22,7 @@ import numpy as np
 from ..empty_weights import fill
 from ..keras_bridge import FitResult, build_from_sample
 from ..model_parts import (DeskClient, PartsDesk, cut, load_slots, notebook_name, optimizer_prefix, refuse_second_fit,
-                           release, taken)
+                           release, slots_per_variable, taken)
 from ..ps import wire
 from ..sharded_checkpoint import refuse_unservable_savers, with_checkpoints, write_gathered
 from ..tensor_parallel.model import engine_bytes, parallel_model, trainable_axes, twins, weight_axes, whole
@@ -110,7 +110,7 @@ class TensorWorker(HfdtWorker):
         slot_axes = trainable_axes(model, axes)
         optimizer = parallel.optimizer.variables
         prefix = optimizer_prefix(parallel.optimizer)
-        per = (len(optimizer) - prefix) // len(slot_axes) if slot_axes else 0
+        per = slots_per_variable(len(optimizer), prefix, len(slot_axes))
         slots = [mine(v, slot_axes[k // per]) for k, v in enumerate(optimizer[prefix:])]
         self.fits += 1
         desk.send_part(self.fits, [mine(v, axis) for v, axis in zip(twins(model, parallel), axes)],
@@ -144,7 +144,7 @@ def checkpoint_writer(hvd, model, parallel, axes):
     def save(filepath, overwrite=True, **kwargs):
         optimizer = list(parallel.optimizer.variables)
         prefix = optimizer_prefix(parallel.optimizer)
-        per = (len(optimizer) - prefix) // len(slot_axes) if slot_axes else 0
+        per = slots_per_variable(len(optimizer), prefix, len(slot_axes))
         slots = {n: (lambda v=v, a=(slot_axes[(n - prefix) // per] if n >= prefix else None): gathered(v, a))
                  for n, v in enumerate(optimizer)}
         write_gathered(model, filepath, lambda v: gathered(*twin_of[id(v)]), slots, writer=hvd.rank() == 0)

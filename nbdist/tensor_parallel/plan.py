@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+from ..empty_weights import variable_bytes
 from ..errors import OptionError
 
 AUTO_SHARE = 1 / 8
@@ -69,13 +70,6 @@ def einsum_split(config: dict) -> dict:
     return {"letter": letter, "kernel_axis": kernel.index(letter), "output_axis": letters.index(letter) - len(letters),
             "shape_index": index, "width": shape[index],
             "bias_axis": letters[first:].index(letter) if letter in bias else None}
-
-
-def variable_bytes(variable) -> int:
-    """A variable's bytes from its shape and dtype (it may have no value yet: `nbdist.empty_weights`)."""
-    import numpy as np
-
-    return int(np.prod(variable.shape, dtype=np.int64)) * np.dtype(str(variable.dtype)).itemsize
 
 
 def nbytes(layer) -> int:
