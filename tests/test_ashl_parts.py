@@ -71,6 +71,15 @@ def test_checks_at_epoch_ends_switch_where_half_epoch_checks_would():
     assert run_checks(ends)[:3] == [None, None, "75% of the epochs done (>= 60%)"]
 
 
+def test_a_fixed_switch_point_switches_at_its_first_check_and_on_nothing_else():
+    rule = SwitchRule(at=0.25)
+    stale_and_flat = [Check(epoch=e, epochs=4, loss=1.0, gammas=[0.1] * 9, lr_decayed=True) for e in (0.5, 1.0)]
+    assert [rule.check(c) for c in stale_and_flat] == [None, "25% of the epochs done (--switch-at 0.25)"]
+    late = SwitchRule(at=0.75)
+    assert [late.check(Check(epoch=e, epochs=4, loss=1.0)) for e in (1, 2, 3)][2] == \
+        "75% of the epochs done (--switch-at 0.75)"
+
+
 def test_no_switch_on_a_single_check_or_before_a_fifth_of_the_epochs():
     one = [Check(epoch=2.0, epochs=10, loss=1.0, lr_decayed=True), Check(epoch=2.5, epochs=10, loss=0.5)]
     assert run_checks(one) == [None, None]

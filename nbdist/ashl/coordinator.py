@@ -24,7 +24,8 @@ MIN_TIMED_STEPS = 8  # an epoch report with fewer measured steps says too little
 class Coordinator:
     """One run's ASHL decisions. `control(action, value)` reaches every shard."""
 
-    def __init__(self, workers: int, control, virtual: bool = False, without: set[str] = frozenset()):
+    def __init__(self, workers: int, control, virtual: bool = False, without: set[str] = frozenset(),
+                 switch_at: float | None = None):
         self.workers, self.control, self.virtual = workers, control, virtual
         self.without = set(without)  # parts switched off (ablations): allocation, switch
         self.models: list[CostModel] | None = None
@@ -32,7 +33,7 @@ class Coordinator:
         self.periods: list[int] | None = None
         self.allocation_id = 0
         self.phase = "profile"
-        self.rule = SwitchRule()
+        self.rule = SwitchRule(switch_at)
         self.next_check = 0.5  # epochs; the switch rule is consulted every half epoch
         self.gammas: list[float] = []  # since the last check
         self.reports_seen: dict[int, float] = {}  # worker -> time of the last epoch report acted on

@@ -6,6 +6,7 @@ the switch happens when one condition holds at two checks in a row, never before
   - more than 30% of the pushes since the last check had gamma < 0.5 (ddc-asgd judged them stale),
   - the first learning-rate decay is reached,
   - 60% of the epochs are done.
+With a fixed share of the epochs (`--switch-at`), it switches at the first check at or past it, nothing else.
 """
 
 from __future__ import annotations
@@ -32,13 +33,18 @@ class Check:
 
 
 class SwitchRule:
-    """Feed it one `Check` per half epoch; `check` returns the reason to switch now, or None."""
+    """Feed it one `Check` per half epoch; `check` returns the reason to switch now, or None. `at`: switch at
+    this share of the epochs instead (for sweeps of the switch point)."""
 
-    def __init__(self):
+    def __init__(self, at: float | None = None):
+        self.at = at
         self.previous: Check | None = None
         self.pending: str | None = None  # the condition that held at the last check
 
     def check(self, now: Check) -> str | None:
+        if self.at is not None:
+            return f"{now.epoch / now.epochs:.0%} of the epochs done (--switch-at {self.at:g})" \
+                if now.epoch >= self.at * now.epochs - 1e-9 else None
         reason = self._condition(now)
         self.previous, held_before = now, self.pending
         self.pending = reason

@@ -49,6 +49,9 @@ COMMITS = Option("--commits", "what a worker pushes: gradients (the shards apply
                  "SGD) or local-steps (each worker steps with the cell's own optimizer, any optimizer, and pushes "
                  "the update of its allocated period; the shards weight it b_i/B)", default="gradients",
                  choices=("gradients", "local-steps"))
+SWITCH_AT = Option("--switch-at", "switch to the synchronous phase at this share of the epochs instead of by the "
+                   "rule (0.25: at the end of the first of 4 epochs; for sweeps of the switch point)", type=float,
+                   metavar="FRACTION")
 PROBES = 5  # push-sized round trips, at most; at least MIN_PROBES, then while within the budget
 MIN_PROBES = 2
 REPORT_EVERY_S = 1.0
@@ -227,7 +230,7 @@ class AshlStrategy(DdcAsgdStrategy):
     summary = ("heterogeneous clusters: profile, batches sized to each worker's speed, async (ddc-asgd) then "
                "sync phase, compression when communication dominates")
     reads = (*(o for o in (*opt.PARAMETER_SERVER, opt.MOMENTUM, *DDC_OPTIONS)
-               if o not in (opt.MAX_STALENESS, opt.DATA_SHARDS)), WITHOUT, COMMITS)  # ASHL sizes each share itself
+               if o not in (opt.MAX_STALENESS, opt.DATA_SHARDS)), WITHOUT, COMMITS, SWITCH_AT)  # ASHL sizes each share itself
     reports = Reports(panels=(*DELAY_REPORTS.panels, "decisions"), phases=("profile", "ahl", "shl"),
                       controls=("pause", "resume", "stop", "lr_scale", "evict", "switch_phase"),
                       # its decisions are told together, in the profile table and decision lines it notes
@@ -242,6 +245,10 @@ class AshlStrategy(DdcAsgdStrategy):
 
     def __init__(self, values):
         super().__init__(values)
+        at = self.value("switch_at")
+        if at is not None and not 0 < at <= 1:
+            raise OptionError(f"--switch-at {at:g}: a share of the epochs, above 0 and at most 1 (0.25 switches at "
+                              "the end of the first of 4 epochs)")
         self.coordinator: Coordinator | None = None
         self.hosts: list | None = None
         self.run = None
@@ -250,7 +257,7 @@ class AshlStrategy(DdcAsgdStrategy):
     def prepare(self, run, cluster) -> dict:
         self.run = run
         self.coordinator = Coordinator(len(run.workers), super().control, virtual=self.clock == "virtual",
-                                       without=parts_off(self.value("without")))
+                                       without=parts_off(self.value("without")), switch_at=self.value("switch_at"))
         self.hosts = [cluster.info(eid).host for eid in run.workers]
         return super().prepare(run, cluster)
 
