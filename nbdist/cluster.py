@@ -336,6 +336,8 @@ class ClusterHandle:
         if far:
             raise ClusterError(f"%dist cap caps engines on this machine only; engine(s) {far} run elsewhere or are "
                                f"not running (engines: {self.ids()}).")
+        for call in [self.client[eid].apply_async(_call, "nbdist.memory_caps.small_pages") for eid in ids]:
+            call.get(timeout=LIMITS.engine_probe_s)
         for eid in ids:
             self.caps.cap(eid, self.info(eid).pid, nbytes)
         return ids
