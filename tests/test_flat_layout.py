@@ -3,11 +3,10 @@
 import numpy as np
 import pytest
 
-from nbdist.ps import rules, wire
+from nbdist.ps import delay, rules, wire
 from nbdist.ps.flat_layout import FlatLayout, is_flat
 from nbdist.ps.shard import Shard
 from nbdist.ps.updaters import DelayUpdater, OptimizerUpdater
-from nbdist.ps import delay
 from nbdist.ps.zero_copy import SharedArrays
 
 KEY = b"k" * 32
