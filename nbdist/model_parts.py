@@ -10,7 +10,6 @@ stages own whole layers, `tensor` engines slices of layers; both use this one de
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from .empty_weights import empty, fill, slots_without_values

@@ -202,7 +202,7 @@ class PushPull:
         if self.layouts is None:
             self.layouts = [FlatLayout.of(part) for part in arrays]
         return [layout.read(part) for layout, part in zip(self.layouts, arrays)], \
-            [{**fields, "flat": layout.digest} for fields, layout in zip(own, self.layouts)]
+            [{**mine, "flat": layout.digest} for mine, layout in zip(own, self.layouts)]
 
     def _flat_fields(self) -> list[dict] | None:
         """What asks the shards for flat replies, once this worker lays its pushes out flat."""

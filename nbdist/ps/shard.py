@@ -239,8 +239,9 @@ class Shard:
                         reason=str(reason)[:200])
         if is_flat(message.arrays):
             if message.header.get("flat") != self.flat_layout.digest:
-                raise wire.Rejected("wrong_shape", "the worker lays this shard's variables out differently (its "
-                                                   "model is not the one the shard holds)")
+                raise wire.Rejected("wrong_shape", "the worker lays this shard's variables out differently: its "
+                                                   "model is not the one the shard holds. Re-run the training cell "
+                                                   "(a new run starts its shards from the model as it is now)")
             wire.check_arrays(message.arrays, self.flat_layout.expected())
         else:
             try:

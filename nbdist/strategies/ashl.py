@@ -230,7 +230,8 @@ class AshlStrategy(DdcAsgdStrategy):
     summary = ("heterogeneous clusters: profile, batches sized to each worker's speed, async (ddc-asgd) then "
                "sync phase, compression when communication dominates")
     reads = (*(o for o in (*opt.PARAMETER_SERVER, opt.MOMENTUM, *DDC_OPTIONS)
-               if o not in (opt.MAX_STALENESS, opt.DATA_SHARDS)), WITHOUT, COMMITS, SWITCH_AT)  # ASHL sizes each share itself
+               if o not in (opt.MAX_STALENESS, opt.DATA_SHARDS)),  # ASHL sizes each share itself
+             WITHOUT, COMMITS, SWITCH_AT)
     reports = Reports(panels=(*DELAY_REPORTS.panels, "decisions"), phases=("profile", "ahl", "shl"),
                       controls=("pause", "resume", "stop", "lr_scale", "evict", "switch_phase"),
                       # its decisions are told together, in the profile table and decision lines it notes

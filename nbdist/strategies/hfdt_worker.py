@@ -12,8 +12,8 @@ import os
 import sys
 
 from .. import balance, dynamic_data, gpus
-from ..errors import ClusterError
 from ..empty_weights import variable_bytes
+from ..errors import ClusterError
 from ..fused_steps import fused_steps
 from ..hetero import Slowdown
 from ..keras_bridge import apply_gradients_restored, build_for_training, other_optimizers
