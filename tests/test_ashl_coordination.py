@@ -9,6 +9,7 @@ import pytest
 from nbdist.ashl.batches import ProportionalBatches
 from nbdist.ashl.coordinator import Coordinator
 from nbdist.ashl.meeting import SPEC as ASHL_MEETING
+from nbdist.ashl.switch import SETTLED
 from nbdist.ps import wire
 from nbdist.ps.shard import Shard
 from nbdist.run import Run
@@ -178,11 +179,30 @@ def test_the_switch_rule_is_consulted_every_half_epoch_from_the_workers_progress
         return {r: {"record": {"epoch": epoch, "loss": 1.0, "lr": 0.1}, "batch": batch, "steps": 10, "epochs": 4}
                 for r in range(2)}
 
-    for epoch, batch in ((0, 5), (1, 0), (1, 5), (2, 0), (2, 5)):  # loss flat from the first check
-        coordinator.update(run, {"log_fields": ["gamma"], "log": [[0.9]]}, progress(epoch, batch))
+    coordinator.update(run, {"log_fields": ["gamma"], "log": [[0.9]]}, progress(0, 5))
+    assert coordinator.phase == "ahl"  # half an epoch of 4: before 20% of the epochs, whatever holds
+    coordinator.update(run, {"log_fields": ["gamma"], "log": [[0.9]]}, progress(1, 0))
     switch = run.events_of("switch_phase")
-    assert sent[-1][0] == "switch_phase" and len(switch) == 1
-    assert "loss improved 0.00% per epoch" in switch[0]["reason"] and coordinator.phase == "shl"
+    assert sent[-1][0] == "switch_phase" and len(switch) == 1 and coordinator.phase == "shl"
+    assert switch[0]["reason"] == SETTLED  # the allocation held from the check at 0.5 epoch to this one
+
+
+def test_a_worker_drifting_at_a_check_keeps_ahl_until_the_allocation_holds_or_the_loss_is_flat():
+    coordinator, run, sent = coordinated()
+    coordinator.update(run, {"coordination": {"profiles": profiles(0.001, 0.003)}}, {})
+    coordinator.drifting = {1}  # as `_reallocate_on_drift` leaves it after one report round out of line
+
+    def progress(epoch, batch, loss):
+        return {r: {"record": {"epoch": epoch, "loss": loss, "lr": 0.1}, "batch": batch, "steps": 10, "epochs": 10}
+                for r in range(2)}
+
+    for epoch, batch, loss in ((0, 5, 2.0), (1, 0, 1.0), (1, 5, 0.5)):  # loss falling fast
+        coordinator.update(run, {}, progress(epoch, batch, loss))
+    assert coordinator.phase == "ahl" and not run.events_of("switch_phase")
+    coordinator.update(run, {}, progress(2, 0, 0.5))  # flat at two checks in a row (1.5 and 2.0)
+    assert coordinator.phase == "ahl"
+    coordinator.update(run, {}, progress(2, 5, 0.5))
+    assert "loss improved 0.00% per epoch" in run.events_of("switch_phase")[0]["reason"]
 
 
 def test_proportional_batches_cover_each_epoch_once_between_the_workers():

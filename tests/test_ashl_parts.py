@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from nbdist.ashl.allocation import CostModel, allocate, drifted, fit_profile, shard_fractions
-from nbdist.ashl.switch import Check, SwitchRule
+from nbdist.ashl.switch import SETTLED, Check, SwitchRule
 from nbdist.errors import OptionError
 
 
@@ -146,3 +148,49 @@ def test_local_steps_between_commits_on_a_hand_example():
 
     fast, slow_link = CostModel(0.0, 1e-4, 0.0), CostModel(0.0, 1e-4, 0.02)
     assert allocate_with_periods([fast, slow_link], 128, b_min=16) == ([89, 39], [1, 4])
+
+
+def test_local_steps_at_one_commit_cadence_on_a_hand_example():
+    """Three workers committing local updates, B = 100, times in ms. Workers 0 and 1: 1 ms a sample, a free
+    link; worker 2: 2 ms a sample, a 40 ms exchange. By hand: at k = 1, T = (100 + 40/2) / (1 + 1 + 1/2) = 48
+    and the exchange (40) is more than half of the interval 48; at k = 2, T = (100 + 20/2) / 2.5 = 44, so
+    b = [44, 44, (44 - 20) / 2 = 12] and 40 <= 0.5 * 88: every worker makes 2 local steps and each interval
+    is 88 ms: 2 * 44, 2 * 44 and 2 * 24 + 40."""
+    from nbdist.ashl.allocation import allocate_commits
+
+    ms = 1e-3
+    profiles = [CostModel(0.0, 1 * ms, 0.0), CostModel(0.0, 1 * ms, 0.0), CostModel(0.0, 2 * ms, 40 * ms)]
+    batches, steps, every = allocate_commits(profiles, 100)
+    assert (batches, steps, every) == ([44, 44, 12], [2, 2, 2], [1, 1, 1])
+    intervals = [k * (p.fixed_s + p.per_sample_s * b) + p.comm_s for p, b, k in zip(profiles, batches, steps)]
+    assert intervals == pytest.approx([88 * ms] * 3)
+
+
+def test_a_worker_held_at_b_min_and_a_link_too_slow_keep_the_cadence_as_near_as_they_can():
+    """Workers 0 and 1 as above; worker 2 computes 4 ms a sample and exchanges in 60 ms; B = 100, b_min = 10.
+    By hand: held at b = 10 (its ideal is 6.7 at k = 3), the others take 45 each, T = 45; k = 1 and 2 leave the
+    exchange more than half of 45 and 90 ms; k = 3 fits it in 135 ms, where worker 2 makes
+    round((135 - 60) / 40) = 2 steps (140 ms). A fourth worker on a 1 s link (1 ms a sample) cannot fit half of
+    even 16 intervals: it commits every ceil(1000 / (0.5 * 16 * T)) intervals and makes the steps that fill them."""
+    from nbdist.ashl.allocation import MAX_PERIOD, allocate_commits
+
+    ms = 1e-3
+    fast, slow = CostModel(0.0, 1 * ms, 0.0), CostModel(0.0, 4 * ms, 60 * ms)
+    assert allocate_commits([fast, fast, slow], 100, b_min=10) == ([45, 45, 10], [3, 3, 2], [1, 1, 1])
+    batches, steps, every = allocate_commits([fast, fast, slow, CostModel(0.0, 1 * ms, 1000 * ms)], 120, b_min=10)
+    interval = MAX_PERIOD * (fast.per_sample_s * batches[0])
+    assert steps[:2] == [MAX_PERIOD, MAX_PERIOD] and every[:2] == [1, 1]
+    assert every[3] == math.ceil(1.0 / (0.5 * interval))
+    assert steps[3] == round((every[3] * interval - 1.0) / (1 * ms * batches[3]))
+
+
+def test_a_settled_allocation_switches_at_the_first_check_past_a_fifth_of_the_epochs():
+    rule = SwitchRule()
+    falling = [Check(epoch=e / 2, epochs=10, loss=2.0 - e / 10, settled=True) for e in range(1, 6)]
+    assert [rule.check(c) for c in falling] == [None, None, None, SETTLED, SETTLED]  # 0.5 ... 2.0 epochs of 10
+    moving = SwitchRule()  # re-allocated or drifting at every check: the loss decides, at two checks in a row
+    decided = [moving.check(Check(epoch=e, epochs=4, loss=1.0)) for e in (1.0, 1.5, 2.0)]
+    assert decided[:2] == [None, None] and decided[2].startswith("loss improved")
+    once = SwitchRule()  # settled once, then moving again: nothing held at two checks in a row
+    assert [once.check(Check(epoch=e, epochs=10, loss=2.0 - e / 5, settled=e == 2.5)) for e in (2.0, 3.0)] == \
+        [None, None]

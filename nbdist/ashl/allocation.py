@@ -98,6 +98,34 @@ def allocate_with_periods(profiles: list[CostModel], global_batch: int, b_min: i
     return batches, periods
 
 
+def allocate_commits(profiles: list[CostModel], global_batch: int, b_min: int = 1,
+                     b_max: int | None = None) -> tuple[list[int], list[int], list[int]]:
+    """Batches, local steps between commits, and how many common intervals each worker's commits take:
+    every worker's commits arrive at one cadence, or at a whole multiple of it.
+
+    Workers that step with their own optimizer and commit the update (`--commits local-steps`) all
+    make k local steps between commits, with batches allocated against comm_i / k: then
+    k * (a_i + c_i * b_i) + comm_i = k * T for every worker, one commit interval for all (ADSP's
+    common commit rate, inside the allocation). k is the smallest (at most MAX_PERIOD) for which
+    every exchange takes at most COMM_SHARE of that interval. A link too slow for that even at
+    k = MAX_PERIOD commits every m-th interval instead (the smallest m for which its exchange fits
+    COMM_SHARE of m intervals); a worker held at b_min, slower than T even so, makes the number of
+    steps nearest to its interval, at least one.
+    """
+    for k in range(1, MAX_PERIOD + 1):
+        effective = [replace(p, comm_s=p.comm_s / k) for p in profiles]
+        batches = allocate(effective, global_batch, b_min, b_max)
+        steps = [p.step_s(b) for p, b in zip(effective, batches)]
+        free = [s for s, b in zip(steps, batches) if b > b_min] or steps
+        interval = k * statistics.median(free)
+        if all(p.comm_s <= COMM_SHARE * interval for p in profiles):
+            break
+    every = [max(1, math.ceil(p.comm_s / (COMM_SHARE * interval) - 1e-9)) for p in profiles]
+    counts = [max(1, round((m * interval - p.comm_s) / (p.fixed_s + p.per_sample_s * b)))
+              for p, b, m in zip(profiles, batches, every)]
+    return batches, counts, every
+
+
 def _round_keeping_sum(values: list[float], total: int) -> list[int]:
     """Largest-remainder rounding: floors, then +1 to the largest fractional parts until the sum is `total`."""
     floors = [math.floor(v) for v in values]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from .allocation import CostModel, allocate_with_periods, drifted, shard_fractions
+from .allocation import CostModel, allocate_commits, allocate_with_periods, drifted, shard_fractions
 from .switch import Check, SwitchRule
 
 MIN_SHARE = 1 / 8  # no worker gets less than this part of an equal share of the global batch
@@ -25,13 +25,16 @@ class Coordinator:
     """One run's ASHL decisions. `control(action, value)` reaches every shard."""
 
     def __init__(self, workers: int, control, virtual: bool = False, without: set[str] = frozenset(),
-                 switch_at: float | None = None):
+                 switch_at: float | None = None, local_steps: bool = False):
         self.workers, self.control, self.virtual = workers, control, virtual
         self.without = set(without)  # parts switched off (ablations): allocation, switch
+        self.local_steps = local_steps  # workers commit local updates: one commit cadence for all
         self.models: list[CostModel] | None = None
         self.batches: list[int] | None = None
-        self.periods: list[int] | None = None
+        self.periods: list[int] | None = None  # steps between a worker's pushes
+        self.every: list[int] | None = None  # common intervals between a worker's pushes (1: the cadence)
         self.allocation_id = 0
+        self.checked_allocation = 0  # the allocation in force at the last switch check
         self.phase = "profile"
         self.rule = SwitchRule(switch_at)
         self.next_check = 0.5  # epochs; the switch rule is consulted every half epoch
@@ -88,14 +91,20 @@ class Coordinator:
                                                      self.periods))]
         self._send_allocation(run, "allocated", f"profiled {len(profiles)} worker(s); step times equalised at "
                                                 f"{self._predicted_step(0):.4f} s", profile=rows)
+        self.checked_allocation = self.allocation_id
         self.phase = "ahl"
 
     def _solve(self, global_batch: int) -> None:
         if "allocation" in self.without:
             self.batches, self.periods = [global_batch // self.workers] * self.workers, [1] * self.workers
+            self.every = self.periods
             return
         floor = max(1, math.floor(MIN_SHARE * global_batch / self.workers))
-        self.batches, self.periods = allocate_with_periods(self.models, global_batch, b_min=floor)
+        if self.local_steps:
+            self.batches, self.periods, self.every = allocate_commits(self.models, global_batch, b_min=floor)
+        else:  # gradients accumulated over k_i steps: a step takes the same time everywhere
+            self.batches, self.periods = allocate_with_periods(self.models, global_batch, b_min=floor)
+            self.every = self.periods
 
     def _predicted_step(self, rank: int) -> float:
         m = self.models[rank]
@@ -103,7 +112,7 @@ class Coordinator:
 
     def _send_allocation(self, run, event: str, reason: str, **extra) -> None:
         self.allocation_id += 1
-        value = {"id": self.allocation_id, "batches": self.batches, "periods": self.periods,
+        value = {"id": self.allocation_id, "batches": self.batches, "periods": self.periods, "every": self.every,
                  "fractions": [round(f, 6) for f in shard_fractions(self.batches)], "reason": reason}
         self.control("allocate", value)
         run.record(event, batches=list(self.batches), periods=list(self.periods), reason=reason, **extra)
@@ -144,8 +153,8 @@ class Coordinator:
         if len(seen) < len(live):
             return
         epochs = seen[0].get("epochs") or 1
-        shortest = min(self.periods[r] for r in live)
-        done = min(_epochs_done(progress[r]) for r in live if self.periods[r] == shortest)  # the run's pace
+        shortest = min(self.every[r] for r in live)
+        done = min(_epochs_done(progress[r]) for r in live if self.every[r] == shortest)  # the run's pace
         lrs = [p["record"].get("lr") for p in seen if p["record"].get("lr")]
         if self.initial_lr is None and lrs:
             self.initial_lr = max(lrs)
@@ -154,7 +163,7 @@ class Coordinator:
         self.next_check = math.floor(done / 0.5) * 0.5 + 0.5
         losses = [p["record"]["loss"] for p in seen if p["record"].get("loss") is not None]
         check = Check(epoch=done, epochs=epochs, loss=sum(losses) / len(losses) if losses else float("nan"),
-                      gammas=self.gammas,
+                      gammas=self.gammas, settled=self._settled(),
                       lr_decayed=bool(lrs and self.initial_lr and min(lrs) < 0.999 * self.initial_lr))
         self.gammas = []
         reason = self.rule.check(check)
@@ -171,11 +180,19 @@ class Coordinator:
                     self.initial_lr = lr
                 epochs = max(int(p.get("epochs") or 1) for p in profiles.values())
                 check = Check(epoch=epoch + 1, epochs=epochs, loss=logs.get("loss", float("nan")),
-                              gammas=end["gammas"], lr_decayed=bool(lr and lr < 0.999 * self.initial_lr))
+                              gammas=end["gammas"], lr_decayed=bool(lr and lr < 0.999 * self.initial_lr),
+                              settled=self._settled())
                 reason = self.rule.check(check)
                 if reason:
                     self.switch(run, reason, epoch=epoch + 1)
             self.control("epoch_decided", epoch)
+
+    def _settled(self) -> bool:
+        """The allocation has held since the last check (no re-allocation, no worker drifting); without the
+        allocation nothing equalises step times."""
+        held = self.allocation_id == self.checked_allocation and not self.drifting
+        self.checked_allocation = self.allocation_id
+        return held and "allocation" not in self.without
 
     def switch(self, run, reason: str, **extra) -> list[dict]:
         """AHL -> SHL now (the rule said so, or the dashboard's button); the shards' acknowledgements.

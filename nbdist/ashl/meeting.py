@@ -35,7 +35,7 @@ class AshlMeeting(ShardExtension):
         self.profiles: dict[int, dict] = {}
         self.profiled_at: dict[int, float] = {}  # worker -> virtual time its profile was posted
         self.reports: dict[int, dict] = {}
-        self.allocation: dict | None = None  # {"id", "batches", "periods", "fractions", "reason"}
+        self.allocation: dict | None = None  # {"id", "batches", "periods", "every", "fractions", "reason"}
         self.decide_at_epochs = bool(config.get("decide_at_epochs"))  # the virtual clock: see the docstring
         self.epoch_ends: dict[int, dict] = {}  # epoch -> its agreed logs and stale share, awaiting a decision
         self.decided: set[int] = set()
@@ -108,17 +108,19 @@ class AshlMeeting(ShardExtension):
         batches = self.allocation["batches"]
         return batch * len(batches) / sum(batches)
 
-    def _periods(self, shard) -> list[int]:
-        return (self.allocation or {}).get("periods") or [1] * len(shard.workers)
+    def _every(self, shard) -> list[int]:
+        """How many common intervals each worker's pushes take (1: every interval)."""
+        allocation = self.allocation or {}
+        return allocation.get("every") or allocation.get("periods") or [1] * len(shard.workers)
 
     def pacers(self, shard, live: list[int]) -> list[int]:
-        """SHL: a round waits for the workers with the shortest push period (a slow link joins the round
-        its push reaches)."""
+        """SHL: a round waits for the workers that push at every interval (a slow link joins the round its
+        push reaches)."""
         if not live or not self.allocation:
             return live
-        periods = self._periods(shard)
-        shortest = min(periods[k] for k in live)
-        return [k for k in live if periods[k] == shortest]
+        every = self._every(shard)
+        shortest = min(every[k] for k in live)
+        return [k for k in live if every[k] == shortest]
 
     def round_total(self, shard, batches: list[int]) -> int:
         """SHL where workers push their local updates: each counts b_i/B of the whole allocation, whether the
@@ -135,9 +137,9 @@ class AshlMeeting(ShardExtension):
         if not self.allocation or shard.finishing:
             return
         present = [k for k, w in shard.workers.items() if w.alive and not w.evicted]
-        periods = self._periods(shard)
-        shortest = min((periods[k] for k in present), default=1)
-        setters = [k for k in present if periods[k] == shortest]
+        every = self._every(shard)
+        shortest = min((every[k] for k in present), default=1)
+        setters = [k for k in present if every[k] == shortest]
         lagging = [k for k in present if not shard.workers[k].done]
         if lagging and all(shard.workers[k].done for k in setters):
             shard.finishing, shard.finishing_reason = True, "laggards"

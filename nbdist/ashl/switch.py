@@ -1,7 +1,11 @@
 """When ASHL leaves its asynchronous phase (AHL) for the synchronous one (SHL), with the reason.
 
 Checked every half epoch (on the virtual clock at epoch ends, where the barrier holds every worker);
-the switch happens when one condition holds at two checks in a row, never before 20% of the epochs:
+never before 20% of the epochs. It switches at the first check at which the allocation has held since
+the check before (no re-allocation, no worker drifting from its predicted step time): step times are
+equalised, so a synchronous round waits for no one, and further asynchrony only adds staleness (the
+switch point swept on H1 and H2, docs/results.md). While the allocation still moves, it switches when
+one of these holds at two checks in a row:
   - loss improvement under 1% per epoch,
   - more than 30% of the pushes since the last check had gamma < 0.5 (ddc-asgd judged them stale),
   - the first learning-rate decay is reached,
@@ -19,6 +23,7 @@ DONE_FRACTION = 0.60
 MIN_IMPROVEMENT_PER_EPOCH = 0.01
 STALE_GAMMA = 0.5
 STALE_SHARE = 0.30
+SETTLED = "the allocation has held since the last check: step times are equalised"
 
 
 @dataclass
@@ -30,6 +35,7 @@ class Check:
     loss: float  # training loss now (a smoothed value)
     gammas: list[float] = field(default_factory=list)  # gamma of the pushes since the previous check
     lr_decayed: bool = False  # the learning-rate schedule has made its first decay
+    settled: bool = False  # the allocation has held since the previous check
 
 
 class SwitchRule:
@@ -45,11 +51,13 @@ class SwitchRule:
         if self.at is not None:
             return f"{now.epoch / now.epochs:.0%} of the epochs done (--switch-at {self.at:g})" \
                 if now.epoch >= self.at * now.epochs - 1e-9 else None
-        reason = self._condition(now)
+        reason = SETTLED if now.settled else self._condition(now)
         self.previous, held_before = now, self.pending
         self.pending = reason
         if reason is None or now.epoch < MIN_PROGRESS * now.epochs:
             return None
+        if now.settled:  # held over the whole interval since the last check already
+            return reason
         # the share of epochs done is arithmetic: past 60% half an epoch ago, it held at the check then, even
         # where checks come a whole epoch apart (the virtual clock), so the switch lands where half-epoch
         # checks would put it rather than an epoch later

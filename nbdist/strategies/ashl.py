@@ -258,7 +258,8 @@ class AshlStrategy(DdcAsgdStrategy):
     def prepare(self, run, cluster) -> dict:
         self.run = run
         self.coordinator = Coordinator(len(run.workers), super().control, virtual=self.clock == "virtual",
-                                       without=parts_off(self.value("without")), switch_at=self.value("switch_at"))
+                                       without=parts_off(self.value("without")), switch_at=self.value("switch_at"),
+                                       local_steps=self.value("commits") == "local-steps")
         self.hosts = [cluster.info(eid).host for eid in run.workers]
         return super().prepare(run, cluster)
 
