@@ -4,11 +4,12 @@ Each worker first profiles itself (compute at b0 and 2*b0, push-sized round trip
 the PS; workers sharing a host take turns) and posts the profile to the PS; the kernel
 allocates batches that equalise step time (`nbdist.ashl.allocation`) and every worker
 then trains on its share: per global batch of B samples, worker i takes its b_i. Each worker
-pushes its gradients (every `period` steps its allocation gives it, their mean); AHL applies
-the `ddc-asgd` rule to them, scaled by b_i/mean(b); when the switch rule says so the shards
-turn synchronous (SHL: one batch-weighted mean per round, the cell's optimizer). With
-`--commits local-steps` each worker steps with the cell's own optimizer instead and pushes
-the update of its period's local steps; AHL adds each weighted b_i/B, SHL a round's mean.
+steps with the cell's own optimizer and commits the update of the local steps its allocation
+gives it (the same number for every worker, so commits arrive at one cadence); AHL adds each
+weighted b_i/B, and when the switch rule says so the shards turn synchronous (SHL: a round's
+weighted sum). With `--commits gradients` workers push gradients instead (the mean of their
+period's); AHL applies the `ddc-asgd` rule to them, scaled by b_i/mean(b), SHL one
+batch-weighted mean per round with the cell's SGD.
 About once a second workers report their measured step times and take the allocation
 then in force; each worker compresses its pushes (fp16, top-k) when communication
 dominates its step. The decisions are the kernel's (`nbdist.ashl.coordinator`); the
@@ -41,14 +42,14 @@ from .asgd import DDC_OPTIONS, DELAY_REPORTS, DdcAsgdStrategy
 from .base import Option, Reports
 from .parameter_server import PS_EVENTS, PsWorker
 
-PARTS = ("allocation", "switch", "compression")
+PARTS = ("allocation", "switch", "compression", "local-steps")
 WITHOUT = Option("--without", "switch parts of ASHL off, for ablations: allocation (equal batches, every worker "
-                 "pushing each step), switch (asynchronous to the end), compression; several joined by + or ,",
-                 metavar="PARTS")
-COMMITS = Option("--commits", "what a worker pushes: gradients (the shards apply ddc-asgd, then in SHL the cell's "
-                 "SGD) or local-steps (each worker steps with the cell's own optimizer, any optimizer, and pushes "
-                 "the update of its allocated period; the shards weight it b_i/B)", default="gradients",
-                 choices=("gradients", "local-steps"))
+                 "committing each step), switch (asynchronous to the end), compression, local-steps (as --commits "
+                 "gradients); several joined by + or ,", metavar="PARTS")
+COMMITS = Option("--commits", "what a worker pushes: local-steps (each worker steps with the cell's own optimizer, "
+                 "any optimizer, and commits the update of the local steps its allocation gives it, all at one "
+                 "cadence; the shards weight it b_i/B) or gradients (the shards apply ddc-asgd, then in SHL the "
+                 "cell's SGD)", default="local-steps", choices=("local-steps", "gradients"))
 SWITCH_AT = Option("--switch-at", "switch to the synchronous phase at this share of the epochs instead of by the "
                    "rule (0.25: at the end of the first of 4 epochs; for sweeps of the switch point)", type=float,
                    metavar="FRACTION")
@@ -64,15 +65,15 @@ class AshlWorker(PsWorker):
 
     @property
     def uses_ps_optimizer(self) -> bool:
-        """With `--commits local-steps` each worker steps with the cell's optimizer and pushes its update."""
-        return self.values.get("commits") != "local-steps"
+        """With local steps (the default) each worker steps with the cell's optimizer and commits its update."""
+        return not commits_local_steps(self.values)
 
     def optimizer_spec(self, optimizer):
         try:
             return super().optimizer_spec(optimizer)
         except OptionError as exc:
-            raise OptionError(f"{exc} Or keep ashl with --commits local-steps: each worker then applies the cell's "
-                              "optimizer itself, whichever it is.") from None
+            raise OptionError(f"{exc} Or leave out --commits gradients (or --without local-steps): by default each "
+                              "worker applies the cell's optimizer itself, whichever it is.") from None
 
     def connect(self, exchange: PacedExchange, model, variables) -> list:
         if self.uses_ps_optimizer:
@@ -189,6 +190,11 @@ class AllocatedPeriod:
             self.exchange.time_local_step()
 
 
+def commits_local_steps(values: dict) -> bool:
+    """Workers commit the updates of local steps (`--commits local-steps`, unless `--without local-steps`)."""
+    return values.get("commits") == "local-steps" and "local-steps" not in parts_off(values.get("without"))
+
+
 def parts_off(text: str | None) -> set[str]:
     """The parts `--without` names (refusing a name that is not one)."""
     named = {p.strip() for p in (text or "").replace("+", ",").split(",") if p.strip()}
@@ -227,8 +233,8 @@ class AshlStrategy(DdcAsgdStrategy):
 
     name = "ashl"
     preset = "ddc-asgd"
-    summary = ("heterogeneous clusters: profile, batches sized to each worker's speed, async (ddc-asgd) then "
-               "sync phase, compression when communication dominates")
+    summary = ("heterogeneous clusters: profile, batches and local steps sized to each worker's speed and link, "
+               "async then sync phase, compression when communication dominates")
     reads = (*(o for o in (*opt.PARAMETER_SERVER, opt.MOMENTUM, *DDC_OPTIONS)
                if o not in (opt.MAX_STALENESS, opt.DATA_SHARDS)),  # ASHL sizes each share itself
              WITHOUT, COMMITS, SWITCH_AT)
@@ -259,7 +265,7 @@ class AshlStrategy(DdcAsgdStrategy):
         self.run = run
         self.coordinator = Coordinator(len(run.workers), super().control, virtual=self.clock == "virtual",
                                        without=parts_off(self.value("without")), switch_at=self.value("switch_at"),
-                                       local_steps=self.value("commits") == "local-steps")
+                                       local_steps=commits_local_steps(self.values))
         self.hosts = [cluster.info(eid).host for eid in run.workers]
         return super().prepare(run, cluster)
 
@@ -267,7 +273,7 @@ class AshlStrategy(DdcAsgdStrategy):
         hosts = self.hosts or [None] * workers
         groups = [[r for r in range(workers) if hosts[r] == host] for host in dict.fromkeys(hosts)]
         settings = super().shard_settings(workers)
-        if self.value("commits") == "local-steps":  # a push is an update: w += (b_i / B) * delta
+        if commits_local_steps(self.values):  # a push is an update: w += (b_i / B) * delta
             settings["rule"] = {"preset": "adsp", "workers": workers}
         return {**settings, "max_staleness": None,
                 "extension": {"class": MEETING, "config": {"profile_groups": groups,
