@@ -59,7 +59,9 @@ def test_time_to_target_and_the_ratios_of_ashl_to_the_others():
     assert ashl["time_to_target"] == pytest.approx(7.0) and ashl["reached"] == 2
     assert ssgd["time_to_target"] == pytest.approx(20.0) and ssgd["reached"] == 1
     assert adsp["time_to_target"] is None and adsp["bytes_sent"] is None and ashl["bytes_sent"] == 2e6
-    assert result_lines(summary) == ["RESULT ashl_vs_ssgd_time=0.350", "RESULT ashl_vs_adsp_time=0"]
+    # final accuracy: ashl (0.81 + 0.85) / 2 = 0.83 against the best baseline, ssgd's (0.80 + 0.70) / 2 = 0.75
+    assert result_lines(summary) == ["RESULT ashl_vs_ssgd_time=0.350", "RESULT ashl_vs_adsp_time=0",
+                                     "RESULT ashl_minus_best_pts=8.00"]
 
 
 def test_a_diverged_row_counts_as_failed_instead_of_crashing_the_summary():
