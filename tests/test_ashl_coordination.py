@@ -221,7 +221,7 @@ def test_proportional_batches_cover_each_epoch_once_between_the_workers():
 
 def test_ablations_switch_allocation_off_and_name_the_parts_there_are():
     from nbdist.errors import OptionError
-    from nbdist.strategies.ashl import parts_off
+    from nbdist.strategies.ashl import commits_local_steps, parts_off
 
     sent = []
     coordinator = Coordinator(2, lambda action, value: sent.append((action, value)) or [], without={"allocation"})
@@ -230,5 +230,7 @@ def test_ablations_switch_allocation_off_and_name_the_parts_there_are():
     coordinator.update(run, {"coordination": {"profiles": profiles}}, {})
     assert sent[0][0] == "allocate" and sent[0][1]["batches"] == [64, 64] and sent[0][1]["periods"] == [1, 1]
     assert parts_off("switch+compression") == {"switch", "compression"}
-    with pytest.raises(OptionError, match="ASHL's parts are allocation, switch, compression; unknown: profile"):
+    assert commits_local_steps({"commits": "local-steps"})
+    assert not commits_local_steps({"commits": "local-steps", "without": "local-steps"})
+    with pytest.raises(OptionError, match="parts are allocation, switch, compression, local-steps; unknown: profile"):
         parts_off("profile")
