@@ -40,7 +40,7 @@ def test_every_axis_says_what_it_measures(strategy):
     assert len(axes) == 2 * len(dashboard_of(strategy).panels)
     titles = {name: layout[name].title.text for name in axes}
     assert all(titles.values()), titles
-    assert titles["xaxis"] == "seconds since the run started" and titles["yaxis"] == "loss"
+    assert titles["xaxis"] == "s since start" and titles["yaxis"] == "loss"
     assert titles["yaxis2"] == "samples/s"
 
 
@@ -49,8 +49,27 @@ def test_axes_say_virtual_seconds_on_the_virtual_clock():
 
     run = Run(strategy="asgd", options={"simulate": "clock=virtual; step=5ms"}, workers=[0], cell="")
     layout = Dashboard(run, display=lambda box: None).figure.layout
-    assert layout.xaxis.title.text == "virtual seconds since the run started"
+    assert layout.xaxis.title.text == "virtual s since start"
     assert layout.yaxis3.title.text == "versions"
+
+
+@pytest.mark.parametrize("clock", ["real", "virtual"])
+def test_the_axis_titles_of_a_row_fit_their_plots_at_a_narrow_cell_width(clock):
+    """A 600 px wide output (a notebook cell beside JupyterLab's sidebar): each x-axis title, at a generous
+    0.6 em a character, fits the width of its own plot, so the two of a row cannot run into each other; the
+    right plot's y-axis title and tick labels (4 characters) fit the gap between the two."""
+    from nbdist.widgets.dashboard import Dashboard
+
+    options = {"simulate": "clock=virtual; step=5ms"} if clock == "virtual" else {}
+    figure = Dashboard(Run(strategy="ashl", options=options, workers=[0, 1], cell=""), display=lambda box: None).figure
+    layout, width = figure.layout, 600
+    plotted = width - layout.margin.l - layout.margin.r
+    for name in [n for n in layout if n.startswith("xaxis")]:
+        axis = layout[name]
+        text = len(axis.title.text) * 0.6 * axis.title.font.size
+        assert text <= (axis.domain[1] - axis.domain[0]) * plotted, (name, axis.title.text)
+    gap = (layout.xaxis2.domain[0] - layout.xaxis.domain[1]) * plotted
+    assert gap >= (4 * 0.6 + 1.5) * layout.yaxis2.title.font.size
 
 
 def test_the_windowed_rate_of_a_steady_stream_is_steady_across_an_epoch_end():

@@ -59,4 +59,4 @@ def test_the_dashboard_shows_its_panels_and_its_controls_only(echo):
     assert [p.name for p in dashboard.panels] == ["loss"]
     assert len(dashboard.figure.data) == 1 + 2  # worker 0, and the global and validation loss
     assert dashboard.stop_button.disabled is False and dashboard.pause_button.disabled is True
-    assert dashboard.figure.layout.xaxis.title.text == "seconds since the run started"
+    assert dashboard.figure.layout.xaxis.title.text == "s since start"

@@ -30,6 +30,7 @@ DECISIONS_SHOWN = 8
 # what an acknowledgement shows of the control state (not the wire's own fields: nonce, kind, ...)
 ACK_FIELDS = ("version", "paused", "finishing", "lr_scale", "max_staleness", "evicted", "synchronous")
 MAX_POINTS = 2000  # per trace; past it a series keeps every other point (memory stays bounded)
+AXIS_TITLE_PX = 12  # two panels share a row: titles that fit half a notebook cell
 COLOURS = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880")
 
 
@@ -86,7 +87,7 @@ class Dashboard:
     # -- figure ------------------------------------------------------------------------------
     def _empty_figure(self) -> go.Figure:
         rows = max(1, (len(self.panels) + 1) // 2)
-        figure = make_subplots(rows=rows, cols=2 if len(self.panels) > 1 else 1,
+        figure = make_subplots(rows=rows, cols=2 if len(self.panels) > 1 else 1, horizontal_spacing=0.15,
                                subplot_titles=[p.title for p in self.panels], vertical_spacing=0.2)
         for i, panel in enumerate(self.panels):
             row, col = divmod(i, 2)
@@ -97,13 +98,15 @@ class Dashboard:
                          go.Scatter(name=f"worker {k}", legendgroup=str(k), showlegend=i == 0, mode="lines",
                                     line_color=colour))
                 figure.add_trace(trace, row=row + 1, col=col + 1)
-            figure.update_xaxes(title_text=panel.x_title(self.run.clock), row=row + 1, col=col + 1)
-            figure.update_yaxes(title_text="pushes" if panel.histogram else panel.y_title, row=row + 1, col=col + 1)
+            figure.update_xaxes(title_text=panel.x_title(self.run.clock), title_font_size=AXIS_TITLE_PX,
+                                row=row + 1, col=col + 1)
+            figure.update_yaxes(title_text="pushes" if panel.histogram else panel.y_title,
+                                title_font_size=AXIS_TITLE_PX, row=row + 1, col=col + 1)
         figure.add_trace(go.Scatter(name="global loss (mean of nodes)", mode="lines",
                                     line={"color": "black", "dash": "dash"}), row=1, col=1)
         figure.add_trace(go.Scatter(name="validation loss (epoch ends)", mode="markers",
                                     marker={"color": "black", "symbol": "x"}), row=1, col=1)
-        figure.update_layout(height=260 * rows + 80, margin={"t": 40, "b": 30}, barmode="overlay",
+        figure.update_layout(height=260 * rows + 80, margin={"t": 40, "b": 30, "l": 60, "r": 20}, barmode="overlay",
                              legend={"orientation": "h"})
         return figure
 
@@ -293,8 +296,7 @@ class Dashboard:
         self.static = go.Figure(self.figure)
         # the header (how the run ended, its time) travels with the figure that replaces the widget
         title = html.unescape(re.sub(r"<[^>]+>", "", self.header.value))
-        self.static.update_layout(title={"text": title, "x": 0, "font": {"size": 13}},
-                                  margin={"t": 80, "b": 30})
+        self.static.update_layout(title={"text": title, "x": 0, "font": {"size": 13}}, margin={"t": 80})
 
     def conclude(self) -> None:
         """In the cell that waits for the run: the dashboard gives way to a static figure, which a saved

@@ -20,7 +20,7 @@ class Panel:
     def x_title(self, clock: str = "real") -> str:
         if self.histogram:
             return self.y_title
-        return "virtual seconds since the run started" if clock == "virtual" else "seconds since the run started"
+        return "virtual s since start" if clock == "virtual" else "s since start"  # short: two share a row
 
 
 PANELS = {p.name: p for p in (
