@@ -234,3 +234,16 @@ def test_ablations_switch_allocation_off_and_name_the_parts_there_are():
     assert not commits_local_steps({"commits": "local-steps", "without": "local-steps"})
     with pytest.raises(OptionError, match="parts are allocation, switch, compression, local-steps; unknown: profile"):
         parts_off("profile")
+
+
+def test_the_decision_line_names_a_link_that_commits_at_a_multiple_of_the_cadence():
+    from nbdist.ashl.report import decisions
+
+    coordinator, run, sent = coordinated()
+    coordinator.local_steps = True
+    slow_link = {"fixed_s": 0.0, "per_sample_s": 1e-3, "comm_s": 1.0, "b0": 60}
+    profiles = {0: {"fixed_s": 0.0, "per_sample_s": 1e-3, "comm_s": 0.0, "b0": 60}, 1: slow_link}
+    coordinator.update(run, {"coordination": {"profiles": profiles}}, {})
+    every = sent[-1][1]["every"]
+    assert every[0] == 1 and every[1] > 1 and run.events_of("allocated")[0]["every"] == every
+    assert f"worker 1 once every {every[1]} commit intervals" in decisions(run)[0]

@@ -115,7 +115,8 @@ class Coordinator:
         value = {"id": self.allocation_id, "batches": self.batches, "periods": self.periods, "every": self.every,
                  "fractions": [round(f, 6) for f in shard_fractions(self.batches)], "reason": reason}
         self.control("allocate", value)
-        run.record(event, batches=list(self.batches), periods=list(self.periods), reason=reason, **extra)
+        run.record(event, batches=list(self.batches), periods=list(self.periods), every=list(self.every),
+                   reason=reason, **extra)
 
     def _reallocate_on_drift(self, run, reports: dict[int, dict], live: list[int]) -> None:
         """Once every live worker has reported on the current allocation again: re-allocate when a worker's

@@ -26,8 +26,8 @@ def decisions(run) -> list[str]:
     for e in run.events:
         at = f"{e['t'] - start:6.1f} s"
         if e["event"] in ("allocated", "reallocated"):
-            lines.append(f"{at}  {e['event']} batches {e['batches']}, push every {e.get('periods')} steps: "
-                         f"{e['reason']}")
+            lines.append(f"{at}  {e['event']} batches {e['batches']}, push every {e.get('periods')} steps"
+                         f"{_slow_links(e.get('every') or [])}: {e['reason']}")
         elif e["event"] == "switch_phase":
             lines.append(f"{at}  switched to SHL (synchronous): {e['reason']}")
         elif e["event"] == "compression":
@@ -37,6 +37,12 @@ def decisions(run) -> list[str]:
         elif e["event"] in ("worker_died", "worker_dropped"):
             lines.append(f"{at}  worker {e.get('rank', e.get('worker'))} lost ({e['event'].replace('_', ' ')})")
     return lines
+
+
+def _slow_links(every: list[int]) -> str:
+    """The workers whose pushes take several commit intervals (links too slow for the common cadence)."""
+    slow = {r: m for r, m in enumerate(every) if m > 1}
+    return "".join(f", worker {r} once every {m} commit intervals" for r, m in slow.items())
 
 
 def _bandwidth(bps) -> str:
