@@ -240,18 +240,26 @@ def new_engine(cluster: TestCluster) -> tuple[int, int]:
 
 def gate(path: str) -> str:
     """Training-cell code defining the callback `Gate()`: every worker's second step of the second epoch waits
-    (bounded) until file `path` exists, so a test acts before the run passes there however loaded the machine (a
-    tiny model's whole fit can end before the kernel's next control lands). The first epoch's end has reported
-    progress by then."""
+    until the test opens the FIFO at `path` for writing (opening it to read blocks until a writer exists), so a
+    test acts before the run passes there however loaded the machine (a tiny model's whole fit can end before the
+    kernel's next control lands). The first epoch's end has reported progress by then. Bounded: after 300 s a
+    timer opens the FIFO itself; a gate already removed lets everyone through."""
     return f'''
-import os as _os, time as _time
+import os as _os, threading as _threading
 class Gate(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
     def on_train_batch_begin(self, batch, logs=None):
-        deadline = _time.time() + 300
-        while self._epoch == 1 and batch == 1 and not _os.path.exists({path!r}) and _time.time() < deadline:
-            _time.sleep(0.05)  # polling the test's gate file, bounded
+        if self._epoch != 1 or batch != 1:
+            return
+        release = _threading.Timer(300, lambda: _os.close(_os.open({path!r}, _os.O_RDWR | _os.O_NONBLOCK)))
+        release.start()
+        try:
+            _os.close(_os.open({path!r}, _os.O_RDONLY))
+        except FileNotFoundError:
+            pass
+        finally:
+            release.cancel()
 '''
 
 
@@ -262,15 +270,19 @@ def paused_in_first_two_epochs(kernel, options: str, cell: str):
     two past the gate (the second epoch's second step, which no worker passes before the pause was sent)."""
     assert "Gate()" in cell, "the cell's fit holds the run at its gate with callbacks=[Gate()]"
     path = os.path.join(tempfile.gettempdir(), f"nbdist-gate-{uuid.uuid4().hex}")
+    os.mkfifo(path)
+    held = None
     try:
         kernel.run(f"%%distribute --background {options}\n" + gate(path) + cell, timeout=120).check()
         eventually(kernel, "any(p.get('epochs') for p in nbdist.last_run.progress.values())", timeout=120)
         kernel.run("nbdist.last_run.control('pause')").check()
-        open(path, "w").close()
+        held = os.open(path, os.O_RDWR | os.O_NONBLOCK)  # a writer: every open to read returns, now and later
         yield
     finally:
-        if os.path.exists(path):
-            os.remove(path)
+        if held is None:  # the test failed before the gate opened: release any worker waiting there
+            held = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        os.remove(path)
+        os.close(held)
 
 
 def join_mid_run(kernel, cluster: TestCluster, options: str, cell: str) -> tuple[dict, int, object]:
