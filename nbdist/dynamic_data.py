@@ -52,10 +52,10 @@ class DealtBatches:
             self.spent, self.epoch, self.delivered, self.applied = False, epoch, 0, 0
         self._ask()
 
-    def answered(self, header: dict) -> None:
-        """One of its pushes was answered (applied, or refused as non-finite): the header may bring the next
-        batches; holding none, with none left to take, it asks (and waits) for more."""
-        self.applied += 1
+    def answered(self, header: dict, steps: int = 1) -> None:
+        """One of its pushes (of `steps` batches' training) was answered (applied, or refused as non-finite): the
+        header may bring the next batches; holding none, with none left to take, it asks (and waits) for more."""
+        self.applied += steps
         self._take(header)
         if not self.spent and not self.queue and self.delivered <= self.applied:
             self._ask()
@@ -78,6 +78,10 @@ class DealtBatches:
 
     def samples(self, epoch: int) -> int:
         return sum(count for _, count in self.trained.get(epoch, ()))
+
+    def held(self) -> int:
+        """Batches dealt to it and not yet trained."""
+        return len(self.queue)
 
     def expected_steps(self, workers: int) -> int:
         """The steps an epoch takes a worker of `workers` of equal speed (a progress line's estimate)."""
@@ -232,7 +236,11 @@ def _rows(a):
 
 
 def epoch_follower(source):
-    """A callback that tells `source` which epoch Keras begins (before its pipeline is read): it opens it."""
+    """A callback that tells `source` which epoch Keras begins (before its pipeline is read): it opens it.
+
+    It also takes back the optimizer step Keras counts when a pipeline of unknown length runs out: the call that
+    finds no batch has already incremented `optimizer.iterations` (nothing orders that update after the read
+    that fails), which a local `fit` on arrays never does, and Adam's bias correction reads it."""
     import keras
 
     class FollowEpoch(keras.callbacks.Callback):
@@ -240,6 +248,19 @@ def epoch_follower(source):
             if hasattr(source, "open"):
                 source.open(epoch)
             source.epoch = epoch
+            self.counted = self._iterations()  # plus one a step (counted here: no read of the variable a step)
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.counted is not None:
+                self.counted += 1
+
+        def on_epoch_end(self, epoch, logs=None):
+            if self.counted is not None and self._iterations() == self.counted + 1:
+                self.model.optimizer.iterations.assign(self.counted)
+
+        def _iterations(self):
+            iterations = getattr(getattr(self.model, "optimizer", None), "iterations", None)
+            return None if iterations is None else int(iterations.numpy())
 
     return FollowEpoch()
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 from nbdist.ashl.switch import SETTLED
 from nbdist.experiments import MODELS
-from tests.support import eventually, idle_engines
+from tests.support import eventually, idle_engines, push_log
 
 pytestmark = pytest.mark.cluster
 
@@ -44,7 +45,8 @@ def ashl_on_the_virtual_clock(kernel, epochs=10) -> dict:
             "events": kernel.value("[{k: v for k, v in e.items() if k != 't'} for e in nbdist.last_run.events]"),
             "history": kernel.value("nbdist.last_run.history"),
             "pushes": kernel.value("[(r['worker'], r['step'], r['version'], r['staleness'], "
-                                   "round(r['t'] - nbdist.last_run.started_at, 6)) for r in nbdist.last_run.push_records]")}
+                                   "round(r['t'] - nbdist.last_run.started_at, 6)) for r in nbdist.last_run.push_records]"),
+            "log": push_log(kernel)}
 
 
 @pytest.fixture(scope="module")
@@ -73,14 +75,31 @@ def test_ahl_then_shl_at_an_epoch_end_and_the_model_learns(ashl_run):
     switches = [e for e in ashl_run["events"] if e["event"] == "switch_phase"]
     # the allocation holds from the start on the virtual clock: the first check past 20% of 10 epochs
     assert len(switches) == 1 and switches[0]["reason"] == SETTLED and switches[0]["epoch"] == 2
-    pushes = ashl_run["pushes"]
-    steps_per_epoch = 2000 // 256  # every worker makes the same steps: its share of each global batch
-    before = [s for w, step, _, s, _ in pushes if step <= switches[0]["epoch"] * steps_per_epoch]
-    after = [s for w, step, _, s, _ in pushes if step > switches[0]["epoch"] * steps_per_epoch]
+    log = ashl_run["log"]  # each push names the batches it trained: [epoch, start, count, ...]
+    before = [e["staleness"] for e in log if e["batch"][0] < switches[0]["epoch"]]
+    after = [e["staleness"] for e in log if e["batch"][0] >= switches[0]["epoch"]]
     assert any(s > 0 for s in before)  # AHL: asynchronous, stale pushes
     assert after and set(after) == {0}  # SHL: synchronous rounds from the next epoch's first push
     losses = ashl_run["history"]["loss"]
     assert losses[-1] < losses[0] and ashl_run["history"]["val_accuracy"][-1] > 0.5, ashl_run["history"]
+
+
+def test_shard_0_deals_each_worker_batches_of_its_allocated_size_and_every_epoch_trains_each_sample_once(ashl_run):
+    batches = [e for e in ashl_run["events"] if e["event"] == "allocated"][0]["batches"]
+    by_epoch: dict[int, list] = {}
+    for entry in ashl_run["log"]:
+        batch = entry["batch"]
+        for start, count in zip(batch[1::2], batch[2::2]):
+            by_epoch.setdefault(batch[0], []).append((entry["worker"], start, count))
+    assert sorted(by_epoch) == list(range(10))
+    for epoch, dealt in by_epoch.items():
+        counts = np.zeros(2000, int)
+        for _, start, count in dealt:
+            counts[start:start + count] += 1
+        assert counts.min() == counts.max() == 1, epoch
+        sizes = {w: {c for v, _, c in dealt if v == w} for w in range(4)}
+        # its allocated size; the epoch's last batch may be short
+        assert all(max(sizes[w]) == batches[w] and len(sizes[w] - {batches[w]}) <= 1 for w in range(4)), sizes
 
 
 def test_the_same_ashl_run_on_the_virtual_clock_decides_and_pushes_the_same(heavier, cluster, ashl_run):
@@ -120,10 +139,11 @@ def test_local_steps_keep_any_optimizer_and_push_one_update_per_step_on_free_lin
     heavier.run(f'%%distribute --strategy ashl --workers 2 --seed 1 --simulate "speed=1,0.5; {VIRTUAL}"\n' + cell,
                 timeout=300).check()
     assert heavier.value("nbdist.last_run.events_of('allocated')[0]['batches']") == [92, 36]  # as computed above
-    pushes = heavier.value("[r['worker'] for r in nbdist.last_run.push_records]")
-    assert [pushes.count(w) for w in (0, 1)] == [2 * (2000 // 128)] * 2  # free links: a commit every step
+    pushes = [(e["worker"], e["batch"]) for e in push_log(heavier)]
+    assert all(len(batch) == 3 for _, batch in pushes)  # free links: a commit every step, one batch each
+    assert sum(batch[2] for _, batch in pushes) == 2 * 2000  # every sample once an epoch
     assert heavier.value("type(model.optimizer).__name__") == "Adam"
-    assert heavier.value("int(model.optimizer.iterations)") == 2 * (2000 // 128)  # rank 0's own Adam steps
+    assert heavier.value("int(model.optimizer.iterations)") == sum(w == 0 for w, _ in pushes)  # rank 0's Adam steps
     losses = heavier.value("history.history['loss']")
     assert losses[1] < losses[0]
 

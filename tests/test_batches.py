@@ -91,8 +91,9 @@ def ask(shard, worker, epoch=0, size=4, n=10, depth=1):
     return {int(ident[1:]): fields for ident, kind, _, fields in replies if kind == "ok"}
 
 
-def push(shard, worker, version=0):
-    replies = shard.handle(f"w{worker}".encode(), message("push", grads(0.0), worker=worker, version=version, step=0))
+def push(shard, worker, version=0, **fields):
+    replies = shard.handle(f"w{worker}".encode(), message("push", grads(0.0), worker=worker, version=version, step=0,
+                                                          **fields))
     return {int(ident[1:]): fields for ident, _, _, fields in replies}
 
 
@@ -107,6 +108,19 @@ def test_an_epoch_opens_when_every_worker_asked_and_each_answer_deals_the_next_b
     assert released[1].get("batches") is None and released[0] == {"batches": [], "spent": True}
     assert ask(shard, 1) == {1: {"batches": [], "spent": True}}
     assert shard.summary()["data"]["dealt"] == {"0": {"0": [2, 6], "1": [1, 4]}}
+
+
+def test_a_push_of_local_steps_trains_the_batches_it_carried_and_a_new_allocation_resizes_the_next_deals():
+    shard = dealing_shard()
+    ask(shard, 1, size=2, n=20, depth=2)
+    assert ask(shard, 0, size=3, n=20, depth=2) == {0: {"batches": [[0, 0, 3], [0, 3, 3]]},
+                                                    1: {"batches": [[0, 6, 2], [0, 8, 2]]}}  # a commit's worth each
+    assert push(shard, 0, steps=2)[0]["batches"] == [[0, 10, 3], [0, 13, 3]]  # both trained: two more
+    assert list(shard.log)[-1][-1] == [0, 0, 3, 3, 3]  # the push log names both batches it trained
+    shard.dealer.resize({0: (1, 1), 1: (4, 2)})  # ASHL re-allocated: worker 0 one batch of 1 at a time
+    assert push(shard, 0, steps=2)[0]["batches"] == [[0, 16, 1]]
+    assert push(shard, 1, steps=2)[1]["batches"] == [[0, 17, 3]]  # 4 asked, 3 left
+    assert shard.summary()["data"]["dealt"] == {"0": {"0": [5, 13], "1": [3, 7]}}
 
 
 def test_a_dead_workers_batch_is_dealt_to_the_worker_waiting_for_one():
@@ -189,6 +203,36 @@ def test_keras_runs_every_epoch_until_its_batches_end_whatever_their_number():
     with epochs_of_any_length():
         model.fit(pipeline((x, y, None), source), epochs=3, verbose=0, shuffle=False, callbacks=[epoch_follower(source), Count()])
     assert counted == [3, 5, 2] and source.seen == [0] * 3 + [1] * 5 + [2] * 2
+
+
+def test_adam_on_a_pipeline_of_unknown_length_steps_and_counts_as_on_the_arrays():
+    import keras
+
+    from nbdist.dynamic_data import epoch_follower, epochs_of_any_length, pipeline
+
+    class Source:
+        epoch = 0
+
+        def positions(self, epoch):
+            for i in range(5):
+                yield np.arange(i * 4, i * 4 + 4)
+
+    x, y = np.random.default_rng(0).random((20, 3)).astype("float32"), np.random.default_rng(1).random((20, 1))
+
+    def fitted(**data):
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.Adam(0.1), "mse")
+        with epochs_of_any_length():
+            model.fit(epochs=3, verbose=0, shuffle=False, **data)
+        return model
+
+    source = Source()
+    dealt = fitted(x=pipeline((x, y.astype("float32"), None), source), callbacks=[epoch_follower(source)])
+    local = fitted(x=x, y=y.astype("float32"), batch_size=4)
+    # the call that finds the epoch's batches spent counted an optimizer step (Adam's bias correction reads it)
+    assert int(dealt.optimizer.iterations) == int(local.optimizer.iterations) == 15
+    assert np.array_equal(dealt.get_weights()[0], local.get_weights()[0])
 
 
 def test_the_pipeline_draws_each_batch_when_its_step_begins_not_ahead():

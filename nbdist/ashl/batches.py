@@ -1,4 +1,6 @@
-"""ASHL's data: every worker's batches sized by its allocation, the global batch shared between them."""
+"""ASHL's data: every worker's batches sized by its allocation: dealt on demand by shard 0 (`AllocatedDeals`,
+arrays under `--data dynamic`), or each worker's share of every global batch (`ProportionalBatches`,
+`DatasetBatches`)."""
 
 from __future__ import annotations
 
@@ -55,6 +57,25 @@ class ProportionalBatches:
     def new_epoch(self) -> None:
         self.epoch += 1
         self.order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.x))
+
+
+class AllocatedDeals:
+    """Batches on demand at the allocation's sizes: shard 0 deals this worker batches of its b_rank samples, the
+    steps between two of its commits at a time (`dealt`: its `DealtBatches`), so a fast worker trains what a
+    slow one does not reach, a dead worker's batches go to the others and each sample trains once an epoch."""
+
+    def __init__(self, dealt, rank: int, exchange):
+        self.dealt, self.rank, self.exchange = dealt, rank, exchange
+
+    def set_batches(self, batches: list[int]) -> None:
+        """The allocation's batches (the exchange's `period` already its): dealt from the next deal on."""
+        self.batches = list(batches)
+        self.dealt.size, self.dealt.depth = batches[self.rank], max(1, self.exchange.period)
+        self.steps = -(-self.dealt.n // sum(batches))  # about each worker's steps an epoch (step times equalised)
+
+    @property
+    def size(self) -> int:
+        return self.batches[self.rank]
 
 
 BATCHING = ("_BatchDataset", "BatchDataset", "_ParallelBatchDataset", "ParallelBatchDataset")

@@ -32,13 +32,19 @@ class PacedExchange(PushPull):
         self.after_exchange = None  # called after each exchange, in the thread that exchanges
         self.steps_per_epoch = 0
         self.shapes: dict[str, tuple] = {}  # name -> (shape, dtype), for probes
+        self.held = None  # batches dealt and not yet trained (--data dynamic): holding none, a worker pushes
+
+    def out_of_batches(self) -> bool:
+        """Holds no dealt batch: what it trained goes now (the next batch comes with the answer, or the
+        epoch is spent), whatever its period."""
+        return self.held is not None and self.held() == 0
 
     def push(self, *gradients, steps: int = 1) -> list[np.ndarray]:
         if self.commits_local_steps or (self.period <= 1 and not self.accumulated):
             return super().push(*gradients, steps=steps)
         self.steps += 1
         self._accumulate(dict(zip(self.names, gradients)))
-        if self.accumulated < self.period:  # a local step: no exchange
+        if self.accumulated < self.period and not self.out_of_batches():  # a local step: no exchange
             if self.virtual is not None:
                 self.virtual.local_steps(1)
             else:
@@ -74,8 +80,10 @@ class PacedExchange(PushPull):
 
     def _send(self, pair, compute_steps: int = 1) -> list[np.ndarray]:
         grads, batches = pair
-        return self.exchange(grads, {"step": self.steps, "batch": self.batch_size * batches if self.batch_size else None},
-                             compute_steps)
+        fields = {"step": self.steps, "batch": self.batch_size * batches if self.batch_size else None}
+        if batches != 1:  # the batches a dealer counts trained by it
+            fields["steps"] = batches
+        return self.exchange(grads, fields, compute_steps)
 
     def _accumulate(self, grads: dict) -> None:
         if self.accumulated == 0:

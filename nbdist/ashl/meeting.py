@@ -99,6 +99,9 @@ class AshlMeeting(ShardExtension):
         if not isinstance(batches, list) or not all(isinstance(b, int) and b > 0 for b in batches):
             raise ValueError(f"an allocation needs positive whole batches, not {value!r}")
         self.allocation = dict(value)
+        if shard.dealer is not None:  # batches on demand: dealt at the allocation's sizes, a commit's worth held
+            periods = value.get("periods") or [1] * len(batches)
+            shard.dealer.resize({w: (b, max(1, int(k))) for w, (b, k) in enumerate(zip(batches, periods))})
 
     # -- rules on pushes ---------------------------------------------------------------------
     def push_scale(self, batch) -> float:

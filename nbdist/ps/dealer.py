@@ -5,7 +5,7 @@ by the others.
 A worker asks for an epoch's first batches with a held ``batch`` message; the epoch opens once every live
 worker that trains it has asked, and each gets its first ones in rank order (the same on every run). After
 that every answer to one of its pushes brings its next batch (`deliver`), up to `depth` held at once (two
-when its exchange overlaps the next step). A worker with none left asks again: it gets one that came back
+when its exchange overlaps the next step; ASHL's local steps between commits, whose push trains them all). A worker with none left asks again: it gets one that came back
 from a dead worker, or is told the epoch is spent once every batch was applied. While it waits, no round,
 staleness bound or virtual-time order waits for it (`awaiting`).
 """
@@ -56,7 +56,7 @@ class Dealer:
             del self.asked[worker]
             return {"batches": [], "spent": True}
         if not self.undelivered.get(worker):
-            self._top_up(worker)
+            self.top_up(worker)
         if not self.undelivered.get(worker):
             if dispatcher.holds(worker):  # it still has batches to push: their answers deal it more
                 del self.asked[worker]
@@ -73,25 +73,37 @@ class Dealer:
         self.dispatcher.open(epoch)
         self.undelivered.clear()
         for worker in sorted(needed):
-            self._top_up(worker)
+            self.top_up(worker)
         return True
 
     # -- pushes and their answers ------------------------------------------------------------------
-    def pushed(self, worker: int) -> list | None:
-        """A push of `worker` was applied (or consumed: dropped, non-finite): its oldest batch is trained, and
-        it is dealt its next. The trained batch: [epoch, start, count] (None when it held none)."""
+    def pushed(self, worker: int, steps=1, deal: bool = True) -> list | None:
+        """A push of `worker` was applied (or consumed: dropped, non-finite): its oldest batch is trained (its
+        `steps` oldest, for a push of local steps), and it is dealt its next (`deal`; a synchronous round deals
+        when it completes, in rank order: `top_up`). The trained batches: [epoch, start, count, start, count, ...]
+        (None when it held none)."""
         if self.dispatcher is None or self.dispatcher.epoch is None:
             return None
-        trained = self.dispatcher.applied(worker)
-        self._top_up(worker)
-        return None if trained is None else [self.dispatcher.epoch, *trained]
+        steps = steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 1 else 1
+        trained = [self.dispatcher.applied(worker) for _ in range(steps)]
+        if deal:
+            self.top_up(worker)
+        trained = [part for batch in trained if batch is not None for part in batch]
+        return [self.dispatcher.epoch, *trained] if trained else None
+
+    def resize(self, sizes: dict[int, tuple[int, int]]) -> None:
+        """New batch sizes and depths (worker -> (size, depth)): ASHL's allocation, in force from the next deal."""
+        for worker, (size, depth) in sizes.items():
+            if worker in self.size:
+                self.size[worker], self.depth[worker] = size, depth
 
     def deliver(self, worker: int) -> dict:
         """The fields that hand `worker` what it was dealt since its last reply (nothing when nothing was)."""
         dealt = self.undelivered.pop(worker, None)
         return {"batches": dealt} if dealt else {}
 
-    def _top_up(self, worker: int) -> None:
+    def top_up(self, worker: int) -> None:
+        """Deal `worker` batches until it holds its depth (or none are left)."""
         dispatcher = self.dispatcher
         while worker in self.size and dispatcher.holds(worker) < self.depth.get(worker, 1):
             dealt = dispatcher.deal(worker, self.size[worker])

@@ -56,7 +56,8 @@ class PushPull:
         # are one buffer per dtype and shard
         self.virtual = None  # a VirtualClock on the virtual clock (nothing sleeps then)
         self.pulled: dict = {}  # the header of the last pull's first reply (the run's step cost, on the virtual clock)
-        self.on_answer = None  # called with shard 0's header of every answer to a push (--data dynamic)
+        self.on_answer = None  # called with shard 0's header of every answer to a push and the steps it carried
+        # (--data dynamic)
         self._flight: ThreadPoolExecutor | None = None  # overlap: the one thread exchanges run in
         self._in_flight = None  # overlap: the future of the exchange not yet taken up, -> (weights, versions)
         self._computed_on: list[int] = []  # overlap: the versions of the weights the model computes on now
@@ -148,6 +149,8 @@ class PushPull:
         else:
             self.virtual.local_steps(steps - 1)
         grads, fields = dict(zip(self.names, gradients)), {"step": self.steps, "batch": self.batch_size}
+        if steps != 1:  # the batches a dealer counts trained by it
+            fields["steps"] = steps
         if self._flight is not None:
             weights = self._push_overlapped(grads, fields)
             self.timer.exchange_ended(0.0)  # the step waited only for the exchange before
@@ -174,7 +177,7 @@ class PushPull:
             self.slowdown.charge(self.client.bytes_sent + self.client.bytes_received - moved)
             if timed:
                 self.timer.exchange_ended(held_s)
-        return self._answered(replies)
+        return self._answered(replies, fields.get("steps", 1))
 
     def _exchange_virtual(self, grads: dict, fields: dict, compute_steps: int) -> list[np.ndarray]:
         """The virtual clock's exchange: no sleeps; the push says when it arrives, the reply when it left."""
@@ -191,7 +194,7 @@ class PushPull:
         self.timer.compute_s = virtual.compute_s()
         self.timer.comm_s = virtual.link_s(sent) * 2
         self.timer.comm_total_s += self.timer.comm_s
-        return self._answered(replies)
+        return self._answered(replies, fields.get("steps", 1))
 
     def _per_shard(self, grads: dict, fields: dict, versions: list[int]) -> tuple[list[dict], list[dict]]:
         """Each shard's arrays and header fields of a push: its gradients packed into one buffer per dtype,
@@ -208,9 +211,9 @@ class PushPull:
         """What asks the shards for flat replies, once this worker lays its pushes out flat."""
         return None if self.layouts is None else [{"flat": layout.digest} for layout in self.layouts]
 
-    def _answered(self, replies) -> list[np.ndarray]:
+    def _answered(self, replies, steps: int = 1) -> list[np.ndarray]:
         if self.on_answer is not None:
-            self.on_answer(replies[0].header)
+            self.on_answer(replies[0].header, steps)
         self.non_finite = 0
         self.staleness = max(r.header.get("staleness", 0) for r in replies)
         gammas = [r.header["gamma"] for r in replies if r.header.get("gamma") is not None]
@@ -222,7 +225,7 @@ class PushPull:
         """A NaN / inf gradient is not applied; the step continues from the PS's current weights."""
         self.non_finite += 1
         if self.on_answer is not None:
-            self.on_answer({})  # its batch was trained (into NaN): the worker goes on to the next
+            self.on_answer({}, 1)  # its batch was trained (into NaN): the worker goes on to the next
         if self.non_finite >= MAX_NON_FINITE_IN_A_ROW:
             raise FloatingPointError(
                 f"{self.non_finite} gradients in a row held NaN or inf ({refusal}); the PS applied none of them "

@@ -32,7 +32,7 @@ def _push(shard, ident, worker, message):
         shard.check_push(message)
     except wire.Rejected as exc:
         if exc.reason == "non_finite" and shard.dealer is not None:
-            shard.dealer.pushed(worker)  # its batch was trained (into NaN): the worker goes on to the next
+            shard.dealer.pushed(worker, message.header.get("steps"))  # trained (into NaN): the worker goes on
         raise
     if shard.clock == "virtual" and not all(isinstance(message.header.get(k), (int, float)) for k in ("vt", "gap")):
         raise wire.Rejected("malformed", "a push on the virtual clock carries its arrival time vt and gap")

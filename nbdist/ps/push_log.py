@@ -15,8 +15,10 @@ import time
 from collections import deque
 from pathlib import Path
 
+# batch: [epoch, start, count] of the positions it trained (--data dynamic; a push of local steps:
+# [epoch, start, count, start, count, ...]), else None
 LOG_FIELDS = ("t", "worker", "step", "version", "staleness", "outcome", "lead", "gamma", "momentum", "comp_norm",
-              "lr", "batch")  # batch: [epoch, start, count] of the positions it trained (--data dynamic), else None
+              "lr", "batch")
 WINDOW = 20_000  # entries kept in memory: well over what the kernel's telemetry reads between two polls
 FLUSH_EVERY_S = 1.0  # the file is at most this far behind the window
 

@@ -137,7 +137,7 @@ class SynchronousRounds(ReleasePolicy):
     def try_push(self, shard, ident, worker, message):
         if worker in self.round:
             return None  # a worker that pushes more often than the round's pace waits for the next round
-        trained = shard.count_push(worker)
+        trained = shard.count_push(worker, message.header.get("steps"), deal=False)
         self.round[worker] = (ident, message.header.get("step"), message.arrays, message.header.get("batch") or 1,
                               trained)
         self.arrived[worker] = time.time()
@@ -154,6 +154,7 @@ class SynchronousRounds(ReleasePolicy):
         replies, now = [], time.time()
         clock = {} if vt is None else {"vt": vt}
         for worker, (ident, step, _, _, trained) in entries.items():
+            shard.deal_next(worker)
             shard.log_push(worker, step, 0, info, t=vt, batch=trained)
             shard.counts["acked"] += 1
             held_s = round(now - self.arrived.pop(worker, now), 6)

@@ -256,7 +256,7 @@ class Shard:
     def apply_push(self, ident: bytes, worker: int, message: wire.Message, t: float | None = None, **fields) -> list:
         """Apply one worker's push now (the release policy said so); its reply (with `fields`). `t`: the
         push log's time (the virtual instant, on the virtual clock)."""
-        batch = self.count_push(worker)
+        batch = self.count_push(worker, message.header.get("steps"))
         # after a restart from a checkpoint a push may come from weights newer than the shard's: as stale by the gap
         staleness = abs(self.version - message.header["version"])
         grads = message.arrays
@@ -268,11 +268,18 @@ class Shard:
         self.counts["acked"] += 1
         return [self.weights_reply(ident, worker, staleness=staleness, gamma=info["gamma"], **fields)]
 
-    def count_push(self, worker: int) -> list | None:
-        """One more push of `worker` taken (applied, dropped by the rule, or in a round); the batch it trained
-        on is done: [epoch, start, count] (`--data dynamic` on shard 0), else None."""
+    def count_push(self, worker: int, steps=None, deal: bool = True) -> list | None:
+        """One more push of `worker` taken (applied, dropped by the rule, or in a round); the batches it trained
+        on (`steps` of them: a push of local steps) are done: [epoch, start, count, ...] (`--data dynamic` on
+        shard 0), else None; it is dealt its next ones now, or (`deal` False) by `deal_next`."""
         self.workers[worker].pushed += 1
-        return self.dealer.pushed(worker) if self.dealer is not None else None
+        return self.dealer.pushed(worker, steps, deal) if self.dealer is not None else None
+
+    def deal_next(self, worker: int) -> None:
+        """`worker`'s next batches (`--data dynamic`): a synchronous round deals them when it completes, rank by
+        rank, so who gets which batch does not depend on the order its pushes arrived in."""
+        if self.dealer is not None:
+            self.dealer.top_up(worker)
 
     def update(self, grads: dict, worker: int, staleness: int) -> dict:
         """One update of the shard's variables by the updater, from flat gradients; what it did (DESIGN.md

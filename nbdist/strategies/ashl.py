@@ -24,8 +24,9 @@ import time
 
 import numpy as np
 
+from .. import dynamic_data
 from ..ashl.allocation import CostModel
-from ..ashl.batches import DatasetBatches, ProportionalBatches, per_sample
+from ..ashl.batches import AllocatedDeals, DatasetBatches, ProportionalBatches, per_sample
 from ..ashl.coordinator import Coordinator
 from ..ashl.exchange import PacedExchange
 from ..ashl.meeting import SPEC as MEETING
@@ -81,6 +82,14 @@ class AshlWorker(PsWorker):
         exchange.commits_local_steps = True
         return [local_committer(exchange, variables, AllocatedPeriod(exchange))]
 
+    def _dealing(self, request) -> bool:
+        """Whether shard 0 deals this fit's batches (`--data dynamic` and arrays); why not, in the fit's timings."""
+        mode = self.config.get("data") or {}
+        why = dynamic_data.applies(request) if mode.get("mode") == "dynamic" else None
+        if why is not None:
+            self.fit_timings["data"] = f"each worker's share of every global batch: {why}"
+        return mode.get("mode") == "dynamic" and why is None
+
     def fit_data(self, request) -> dict:
         if is_py_dataset(request.x) or is_generator(request.x):
             raise OptionError("--strategy ashl re-batches the training data by each worker's speed and needs numpy "
@@ -91,6 +100,8 @@ class AshlWorker(PsWorker):
         if request.steps_per_epoch:
             raise OptionError("--strategy ashl sets the steps of an epoch itself (samples / global batch). Received: "
                               f"steps_per_epoch={request.steps_per_epoch}. Remove it.")
+        if self._dealing(request):
+            return self._dealt_data(request, self.config["data"]["seed"])
         x, y, weights, validation = request.x, request.y, request.sample_weight, request.validation_data
         if request.validation_split:
             train, validation = split_validation(x, y, request.validation_split, weights)
@@ -101,7 +112,9 @@ class AshlWorker(PsWorker):
                 "steps_per_epoch": None}
 
     def train(self, request, exchange: PacedExchange, data: dict, callbacks: list):
-        if is_dataset(data["x"]):
+        if self.dealt is not None:
+            x, y, b0 = np.asarray(self.arrays[0]), np.asarray(self.arrays[1]), request.samples_per_step
+        elif is_dataset(data["x"]):
             samples, batched = per_sample(data["x"])
             b0 = batched or request.batch_size or 32
             first = next(iter(samples.batch(2 * b0)))  # what profiling times its steps on
@@ -110,12 +123,17 @@ class AshlWorker(PsWorker):
             x, y = np.asarray(data["x"]), np.asarray(data["y"])
             b0 = request.samples_per_step
         allocation = self._profile_and_wait(exchange, request.model, x, y, b0, request.epochs or 1)
-        if is_dataset(data["x"]):
+        if self.dealt is not None:
+            batches, fit = AllocatedDeals(self.dealt, self.rank, exchange), data
+            exchange.held = self.dealt.held
+        elif is_dataset(data["x"]):
             batches = DatasetBatches(samples, self.rank, allocation["batches"])
         else:
             weights = None if data["sample_weight"] is None else np.asarray(data["sample_weight"])
             batches = ProportionalBatches(x, y, self.rank, allocation["batches"], seed=self.spec.get("seed") or 0,
                                           sample_weight=weights)
+        if self.dealt is None:
+            fit = {**data, "x": batches.dataset, "y": None, "batch_size": None, "sample_weight": None}
         _follow(exchange, batches, allocation, self.rank)
         exchange.compressor = None if "compression" in parts_off(self.values.get("without")) else PushCompressor()
         exchange.phase = "ahl"
@@ -123,9 +141,8 @@ class AshlWorker(PsWorker):
             exchange.after_exchange = StepReports(exchange, batches, allocation)
         reporter = self.make_reporter(lambda: batches.size, extra=exchange.metrics,
                                       clock=self.reporter_clock(exchange))
-        return request.run_plain(x=batches.dataset, y=None, batch_size=None, sample_weight=None,
-                                 callbacks=[*callbacks, reporter], verbose=0,
-                                 **{k: v for k, v in data.items() if k not in ("x", "y", "sample_weight")})
+        reporter.expected_steps = batches.steps
+        return request.run_plain(callbacks=[*callbacks, reporter], verbose=0, **fit)
 
     def _profile_and_wait(self, exchange: PacedExchange, model, x, y, b0: int, epochs: int) -> dict:
         exchange.shapes = {n: (tuple(v.shape), str(v.dtype)) for n, v in zip(exchange.names, model.trainable_variables)}
@@ -168,22 +185,23 @@ def virtual_profile(exchange: PacedExchange, b0: int):
 
 def _follow(exchange: PacedExchange, batches: ProportionalBatches, allocation: dict, rank: int) -> None:
     """Train on the allocation: this worker's batch, steps per epoch and push period."""
+    exchange.period = (allocation.get("periods") or [1] * len(allocation["batches"]))[rank]
     batches.set_batches(allocation["batches"])
     exchange.batch_size, exchange.steps_per_epoch = batches.size, batches.steps
-    exchange.period = (allocation.get("periods") or [1] * len(allocation["batches"]))[rank]
     if exchange.virtual is not None:
         exchange.virtual.batch = batches.size
 
 
 class AllocatedPeriod:
-    """A worker's local steps between commits: the push period its allocation gives it."""
+    """A worker's local steps between commits: the push period its allocation gives it (fewer when it holds no
+    more dealt batches: it commits what it trained, and the answer deals it more)."""
 
     def __init__(self, exchange: PacedExchange):
         self.exchange = exchange
 
     @property
     def interval(self) -> int:
-        return self.exchange.period
+        return 1 if self.exchange.out_of_batches() else self.exchange.period
 
     def stepped(self, since: int, loss) -> None:
         if since < self.interval and self.exchange.virtual is None:
@@ -237,7 +255,7 @@ class AshlStrategy(DdcAsgdStrategy):
                "async then sync phase, compression when communication dominates")
     reads = (*(o for o in (*opt.PARAMETER_SERVER, opt.MOMENTUM, *DDC_OPTIONS)
                if o not in (opt.MAX_STALENESS, opt.DATA_SHARDS)),  # ASHL sizes each share itself
-             WITHOUT, COMMITS, SWITCH_AT)
+             opt.DATA, WITHOUT, COMMITS, SWITCH_AT)
     reports = Reports(panels=(*DELAY_REPORTS.panels, "decisions"), phases=("profile", "ahl", "shl"),
                       controls=("pause", "resume", "stop", "lr_scale", "evict", "switch_phase"),
                       # its decisions are told together, in the profile table and decision lines it notes
@@ -260,6 +278,10 @@ class AshlStrategy(DdcAsgdStrategy):
         self.hosts: list | None = None
         self.run = None
         self._buffer: dict = {}
+
+    def deals_batches(self) -> bool:
+        """Under `--data dynamic` shard 0 deals each worker batches of its allocated size."""
+        return self.value("data") == "dynamic"
 
     def prepare(self, run, cluster) -> dict:
         self.run = run
