@@ -1,7 +1,7 @@
 """Batches on demand through a real cluster (issue 34, DESIGN.md section 11): on the virtual clock the fast worker
 takes four batches to the slow one's one and every sample is trained once an epoch, the same every run; a worker
-killed mid-epoch leaves its batch to the others; a newcomer's batches overlap no one's; hfdt after a death splits
-the rest of the epoch over the survivors. Counted from the shards' push records and the ranks' own logs."""
+killed mid-epoch leaves its batch to the others (under nfdt, and under ASHL, whose batches are its allocation); a
+newcomer's batches overlap no one's; hfdt after a death splits the rest of the epoch over the survivors. Counted from the shards' push records and the ranks' own logs."""
 
 from __future__ import annotations
 
@@ -102,6 +102,37 @@ def test_a_worker_killed_mid_epoch_leaves_its_batch_to_the_others_and_every_epoc
         assert list(coverage([(s, c) for _, s, c in batches])) == [1] * SAMPLES, epoch
     assert {w for w, _, _ in by_epoch[1]} == {0, 1, 2} and {w for w, _, _ in by_epoch[2]} == {0, 1}
     assert sum(1 for w, _, _ in by_epoch[1] if w == 2) == 4  # it trained 4 batches of epoch 1, then died
+
+
+def test_ashl_deals_the_allocation_and_a_killed_workers_batches_are_trained_by_the_others(kernel, cluster):
+    engines = idle_engines(cluster, 3)
+    _, client = cluster
+    victim = engines[-1]
+    pid = client[victim].apply_sync(_pid)
+    cell = CELL.format(extra=KILLS_ITSELF.format(pid=pid, batch=3), epochs=3, callbacks=", callbacks=[KillsItself()]")
+    reply = kernel.run(f"%%distribute --strategy ashl --seed 1 --simulate 'speed=1,1,0.5; clock=virtual; step=10ms' "
+                       f"--targets {','.join(map(str, engines))}\n" + cell, timeout=300)
+    assert reply.status == "ok", reply.error_text
+    events = kernel.value("nbdist.last_run.events")
+    batches = [e for e in events if e["event"] == "allocated"][0]["batches"]
+    dropped = [e for e in events if e["event"] == "worker_dropped"]
+    assert len(dropped) == 1 and dropped[0]["worker"] == 2 and dropped[0]["requeued"] > 0, dropped
+    by_epoch = {}
+    for entry in push_log(kernel):  # a push of local steps names each batch it trained
+        batch = entry["batch"]
+        for start, count in zip(batch[1::2], batch[2::2]):
+            by_epoch.setdefault(batch[0], []).append((entry["worker"], start, count))
+    assert sorted(by_epoch) == [0, 1, 2]
+    for epoch, dealt in by_epoch.items():  # every sample once an epoch: what the dead worker held trained by another
+        assert list(coverage([(s, c) for _, s, c in dealt])) == [1] * SAMPLES, epoch
+        # its allocated size (the epoch's last batch, and the pieces of the dead worker's, may be smaller)
+        assert all(c <= batches[w] for w, _, c in dealt), (epoch, batches)
+        assert epoch == 1 or all(c == batches[w] for w, _, c in dealt[:-1]), (epoch, batches)
+    assert {w for w, _, _ in by_epoch[1]} == {0, 1, 2} and {w for w, _, _ in by_epoch[2]} == {0, 1}
+    # the allocation equalises the steps (free links: a commit a step), so batches go round robin, 96 samples a
+    # round: the victim dies as its third of epoch 1 begins, holding [2 x 96 + 77, + 19), which worker 0 trains
+    assert batches == [39, 38, 19] and dropped[0]["requeued"] == 19 and (0, 269, 19) in by_epoch[1]
+    assert kernel.value("history.history['loss'][-1] < history.history['loss'][0]")
 
 
 def test_an_engine_that_joins_mid_run_takes_batches_from_the_queue_that_overlap_no_ones(kernel, cluster):

@@ -71,7 +71,7 @@ class Coordinator:
 
     def _copy_shard_events(self, run, events: list[dict]) -> None:
         for event in events[self.events_seen:]:
-            if event["event"] in ("compression", "end_laggards", "worker_dropped"):
+            if event["event"] in ("compression", "end_laggards"):  # worker_dropped: the PS strategy records it
                 run.record(event["event"], **{k: v for k, v in event.items() if k != "event"})
         self.events_seen = len(events)
 
