@@ -110,6 +110,27 @@ def test_shl_rounds_wait_only_for_the_workers_that_push_every_step():
     assert bias - shard.variables["dense/bias"] == pytest.approx(np.full(3, expected))
 
 
+def test_on_the_virtual_clock_a_slower_push_waits_for_the_round_it_reaches_in_virtual_time():
+    shard = Shard({"workers": 2, "clock": "virtual", "rule": {"preset": "adsp", "workers": 2},
+                   "extension": {"class": ASHL_MEETING, "config": {}}})
+    shard.handle(b"w0", message("init", W0, worker=0, optimizer=SGD, trainable=list(W0), layout=list(W0)))
+    shard.handle(b"k", message("control", worker="controller", action="allocate",
+                               value={"id": 1, "batches": [48, 16], "periods": [1, 3], "every": [1, 3]}))
+    shard.handle(b"k", message("control", worker="controller", action="switch_phase"))
+
+    def push(worker, vt):
+        replies = shard.handle(f"w{worker}".encode(), message("push", grads(1.0), worker=worker, version=0, step=1,
+                                                              batch=16, vt=vt, gap=0.1))
+        return sorted((int(ident[1:]), fields["vt"]) for ident, kind, _, fields in replies if kind == "weights")
+
+    # worker 1 commits every third interval: its push (sent first) reaches the PS at 3.0 virtual s, so the rounds
+    # of worker 0's pushes at 1.0 and 2.0 complete without it, and it joins the one at 3.5
+    assert push(1, 3.0) == []
+    assert push(0, 1.0) == [(0, 1.0)]
+    assert push(0, 2.0) == [(0, 2.0)]
+    assert push(0, 3.5) == [(0, 3.5), (1, 3.5)]
+
+
 def test_when_the_every_step_workers_are_done_the_lagging_one_is_told_to_stop():
     shard = ashl_shard()
     shard.handle(b"k", message("control", worker="controller", action="allocate",

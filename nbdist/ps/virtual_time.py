@@ -134,8 +134,9 @@ class VirtualOrder(BoundedStaleness):
 
 
 class VirtualRounds(SynchronousRounds):
-    """Synchronous rounds on the virtual clock: a round completes at the latest arrival of its pushes, once
-    every pacing worker has pushed and no other worker could still join it."""
+    """Synchronous rounds on the virtual clock: a round completes at the latest arrival of its pacing workers'
+    pushes, once they are in and no other worker's push could still arrive by then; one that arrives later
+    waits for the round it reaches."""
 
     name = "virtual_rounds"
 
@@ -155,9 +156,13 @@ class VirtualRounds(SynchronousRounds):
         if not self.round or any(k not in self.round for k in shard.pacers()):
             return []
         round_time = max(self.vts.values())
-        others = [j for j in shard.live() if j not in self.round]
-        if any(self.times.may_come_before(shard, j, round_time, len(shard.workers)) for j in others):
-            return []  # a worker outside the pace (a longer push period) may still join this round
+        waiting = {w: t for t, w, _, _ in _waiting_pushes(shard)}
+        for j in (j for j in shard.live() if j not in self.round):
+            # a worker outside the pace (a longer push period) joins this round if its push arrives by the
+            # round's time: it is waiting (and joins next), or may still come
+            if (waiting[j] <= round_time) if j in waiting else \
+                    self.times.may_come_before(shard, j, round_time, len(shard.workers)):
+                return []
         self.times.now = max(self.times.now, round_time)
         for worker in self.round:
             self.times.answered[worker] = round_time
@@ -165,10 +170,19 @@ class VirtualRounds(SynchronousRounds):
         return super().complete_round(shard, vt=round_time)
 
     def try_push(self, shard, ident, worker, message):
-        if worker in self.round:
+        if worker in self.round or not self._joins(shard, worker, message.header["vt"]):
             return None
         self.vts[worker] = message.header["vt"]
         return super().try_push(shard, ident, worker, message)
+
+    def _joins(self, shard, worker: int, vt: float) -> bool:
+        """A pacing worker's push joins the round; another's once the pace's pushes are in and it arrives by
+        the latest of them (a push that arrives later, in virtual time, is the next round's)."""
+        pacers = shard.pacers()
+        if not pacers or worker in pacers:
+            return True
+        pace = [self.vts[k] for k in pacers if k in self.round]
+        return len(pace) == len(pacers) and vt <= max(pace)
 
     def reply_time(self) -> float:
         return self.times.now
