@@ -35,6 +35,16 @@ def test_allocation_respects_bounds_and_sums_to_the_global_batch():
         allocate(profiles, 1000, b_max=120)
 
 
+def test_a_worker_whose_samples_cost_nothing_takes_what_leaves_the_others_their_smallest_batch():
+    # a tiny model's profile under timer noise: worker 2's slope clamped to ~0, its fixed cost the smallest, so
+    # every split gives it more; uncapped it took all 96 and the others' floors left no one to solve for
+    profiles = [CostModel(0.002, 1e-5, 0.001), CostModel(0.002, 1e-5, 0.001), CostModel(0.0015, 1e-12, 0.001)]
+    from nbdist.ashl.allocation import allocate_commits
+
+    assert allocate(profiles, 96, b_min=4) == [4, 4, 88]
+    assert allocate_commits(profiles, 96, b_min=4) == ([4, 4, 88], [1, 1, 1], [1, 1, 1])
+
+
 def test_allocation_rounds_without_losing_a_sample():
     batches = allocate([CostModel(0.0, 1 / 3), CostModel(0.0, 1 / 3), CostModel(0.0, 1 / 3)], 100)
     assert sum(batches) == 100 and sorted(batches) == [33, 33, 34]

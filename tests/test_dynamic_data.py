@@ -150,6 +150,30 @@ def test_an_engine_that_joins_mid_run_takes_batches_from_the_queue_that_overlap_
     assert trained_in[0] in (first, first + 1) and trained_in == list(range(trained_in[0], 4)), (first, trained_in)
 
 
+def test_an_engine_that_joins_an_ashl_run_is_profiled_allocated_and_dealt_batches_of_its_size(kernel, cluster):
+    engines = idle_engines(cluster, 2)
+    cell = CELL.format(extra="", epochs=4, callbacks=", callbacks=[Gate()]")
+    joined, _, _ = join_mid_run(kernel, cluster, f"--strategy ashl --seed 2 --targets {','.join(map(str, engines))}",
+                                cell)
+    events = kernel.value("[e for e in nbdist.last_run.events if e['event'] in ('allocated', 'reallocated')]")
+    assert len(events[0]["batches"]) == 2
+    admitted = [e for e in events if "worker 2 joined" in e["reason"]]
+    assert len(admitted) == 1 and len(admitted[0]["batches"]) == 3, events
+    sizes = {e["batches"][2] for e in events[events.index(admitted[0]):]}  # its allocations (drift may change it)
+    by_epoch = {}
+    for entry in push_log(kernel):
+        batch = entry["batch"]
+        for start, count in zip(batch[1::2], batch[2::2]):
+            by_epoch.setdefault(batch[0], []).append((entry["worker"], start, count))
+    for epoch, dealt in by_epoch.items():  # each sample once an epoch, before and after it joined
+        assert list(coverage([(s, c) for _, s, c in dealt])) == [1] * SAMPLES, epoch
+    mine = [(epoch, c) for epoch, dealt in by_epoch.items() for w, _, c in dealt if w == 2]
+    assert mine and sorted({e for e, _ in mine}) == list(range(min(e for e, _ in mine), 4))
+    assert all(c <= max(sizes) for _, c in mine) and any(c in sizes for _, c in mine), (sizes, mine)
+    assert kernel.value("'ASHL profile' in nbdist.ashl.report.profile_table(nbdist.last_run) and "
+                        "len(nbdist.ashl.report.profile_table(nbdist.last_run).splitlines()) == 3 + 3")
+
+
 def test_hfdt_after_a_death_splits_the_rest_of_the_epoch_over_the_survivors_each_sample_once(kernel, cluster):
     engines = idle_engines(cluster, 3)
     _, client = cluster

@@ -49,7 +49,9 @@ def fit_profile(batches: list[float], seconds: list[float], comm_s: float = 0.0)
 def allocate(profiles: list[CostModel], global_batch: int, b_min: int = 1, b_max: int | None = None) -> list[int]:
     """Integer batches b_i, within [b_min, b_max], summing to `global_batch`, equalising step time."""
     n = len(profiles)
-    b_max = global_batch if b_max is None else b_max
+    # no worker can take more than what leaves every other its b_min (a worker whose profile says a sample
+    # costs nothing, timer noise on a tiny model, would otherwise take all of B and leave the others none)
+    b_max = min(global_batch if b_max is None else b_max, global_batch - (n - 1) * b_min)
     if not n * b_min <= global_batch <= n * b_max:
         raise ValueError(f"a global batch of {global_batch} cannot be split over {n} workers within "
                          f"[{b_min}, {b_max}] each")
@@ -57,6 +59,9 @@ def allocate(profiles: list[CostModel], global_batch: int, b_min: int = 1, b_max
     while True:
         free = [i for i in range(n) if i not in fixed]
         remaining = global_batch - sum(fixed.values())
+        if len(free) == 1:  # the last one takes what is left (within its bounds, by the cap above)
+            ideal = {free[0]: float(remaining)}
+            break
         inverse = sum(1 / profiles[i].per_sample_s for i in free)
         t = (remaining + sum((profiles[i].fixed_s + profiles[i].comm_s) / profiles[i].per_sample_s
                              for i in free)) / inverse

@@ -2,7 +2,8 @@
 
 Called from the run's wait loop (`AshlStrategy.check`) with the PS's telemetry and the
 workers' latest progress. It allocates once every live worker has posted its profile,
-re-allocates when a worker's measured step time drifts from the allocation's prediction,
+re-allocates when a newcomer has posted its own or a worker's measured step time drifts from the
+allocation's prediction,
 and applies the AHL -> SHL switch rule every half epoch (on the virtual clock: at every epoch's
 end, on the epoch's agreed logs, while the workers wait at the epoch barrier, so the decision
 and the instant it takes effect are the same every run). Actions go to the shards as
@@ -58,6 +59,8 @@ class Coordinator:
             if live and all(rank in profiles for rank in live):
                 self._allocate_first(run, profiles)
             return
+        for rank in sorted(r for r in profiles if r >= self.workers):
+            self._admit(run, rank, profiles)
         if self.virtual:  # the cost model is exact: nothing drifts; the switch is decided at epoch ends
             self._decide_epoch_ends(run, coordination.get("epoch_ends") or {}, profiles)
             return
@@ -84,15 +87,31 @@ class Coordinator:
             self.models = [known.get(r, slowest) for r in range(self.workers)]
         global_batch = sum(int(profiles.get(r, {}).get("b0") or 32) for r in range(self.workers))
         self._solve(global_batch)
-        rows = [{"worker": r, "host": profiles.get(r, {}).get("host"), "per_sample_s": m.per_sample_s,
+        self._send_allocation(run, "allocated", f"profiled {len(profiles)} worker(s); step times equalised at "
+                                                f"{self._predicted_step(0):.4f} s", profile=self._rows(profiles))
+        self.checked_allocation = self.allocation_id
+        self.phase = "ahl"
+
+    def _admit(self, run, rank: int, profiles: dict[int, dict]) -> None:
+        """A newcomer (rank `rank`, joined while the run trains) posted its profile: the allocation solved again
+        for the workers with it, the global batch grown by its b0 (a rank between, that died before profiling,
+        keeps the slowest's model)."""
+        p = profiles[rank]
+        slowest = max(self.models, key=lambda m: m.per_sample_s)
+        self.models += [slowest] * (rank - self.workers) + [CostModel(p["fixed_s"], p["per_sample_s"], p["comm_s"])]
+        self.workers = rank + 1
+        self._solve(sum(self.batches) + int(p.get("b0") or 32) * (len(self.models) - len(self.batches)))
+        self.drifting = set()
+        self._send_allocation(run, "reallocated", f"worker {rank} joined and profiled; step times equalised at "
+                                                  f"{self._predicted_step(0):.4f} s", profile=self._rows(profiles))
+
+    def _rows(self, profiles: dict[int, dict]) -> list[dict]:
+        """The profile table's rows: each worker's measured costs and its allocation."""
+        return [{"worker": r, "host": profiles.get(r, {}).get("host"), "per_sample_s": m.per_sample_s,
                  "fixed_s": m.fixed_s, "comm_s": m.comm_s, "bandwidth_bps": profiles.get(r, {}).get("bandwidth_bps"),
                  "batch": b, "shard": f, "period": k}
                 for r, (m, b, f, k) in enumerate(zip(self.models, self.batches, shard_fractions(self.batches),
                                                      self.periods))]
-        self._send_allocation(run, "allocated", f"profiled {len(profiles)} worker(s); step times equalised at "
-                                                f"{self._predicted_step(0):.4f} s", profile=rows)
-        self.checked_allocation = self.allocation_id
-        self.phase = "ahl"
 
     def _solve(self, global_batch: int) -> None:
         if "allocation" in self.without:

@@ -60,8 +60,8 @@ class AshlMeeting(ShardExtension):
     def ready(self, shard, worker: int, message) -> dict | None:
         if message.kind == "turn":
             return {} if self._turn_ready(worker, shard.live()) else None
-        if not self.allocation:
-            return None
+        if not self.allocation or worker >= len(self.allocation["batches"]):
+            return None  # a newcomer waits for the allocation solved again with it
         # on the virtual clock every worker starts training when the last profile was posted
         start = {"vt": max(self.profiled_at.values())} if self.profiled_at else {}
         return {"allocation": self.allocation, **self.reply_fields(shard), **start}
@@ -111,19 +111,22 @@ class AshlMeeting(ShardExtension):
         batches = self.allocation["batches"]
         return batch * len(batches) / sum(batches)
 
-    def _every(self, shard) -> list[int]:
-        """How many common intervals each worker's pushes take (1: every interval)."""
+    def _every(self, shard) -> dict[int, int]:
+        """How many common intervals each allocated worker's pushes take (1: every interval); a newcomer not
+        allocated yet has none."""
         allocation = self.allocation or {}
-        return allocation.get("every") or allocation.get("periods") or [1] * len(shard.workers)
+        every = allocation.get("every") or allocation.get("periods") or [1] * len(shard.workers)
+        return dict(enumerate(every))
 
     def pacers(self, shard, live: list[int]) -> list[int]:
         """SHL: a round waits for the workers that push at every interval (a slow link joins the round its
-        push reaches)."""
-        if not live or not self.allocation:
-            return live
+        push reaches; a newcomer once it is allocated)."""
         every = self._every(shard)
-        shortest = min(every[k] for k in live)
-        return [k for k in live if every[k] == shortest]
+        allocated = [k for k in live if k in every]
+        if not allocated or not self.allocation:
+            return live
+        shortest = min(every[k] for k in allocated)
+        return [k for k in allocated if every[k] == shortest]
 
     def round_total(self, shard, batches: list[int]) -> int:
         """SHL where workers push their local updates: each counts b_i/B of the whole allocation, whether the
@@ -139,8 +142,8 @@ class AshlMeeting(ShardExtension):
         stale, would move the model the others finished."""
         if not self.allocation or shard.finishing:
             return
-        present = [k for k, w in shard.workers.items() if w.alive and not w.evicted]
         every = self._every(shard)
+        present = [k for k, w in shard.workers.items() if w.alive and not w.evicted and k in every]
         shortest = min((every[k] for k in present), default=1)
         setters = [k for k in present if every[k] == shortest]
         lagging = [k for k in present if not shard.workers[k].done]

@@ -7,14 +7,14 @@ from ..report import table
 
 def profile_table(run) -> str:
     """Per worker: seconds per sample, fixed overhead, exchange time and bandwidth, allocated batch, shard
-    and push period."""
-    allocated = run.events_of("allocated")
-    if not allocated:
+    and push period (of the first allocation, or the one that took the last newcomer in)."""
+    profiled = [e for e in run.events if e["event"] in ("allocated", "reallocated") and e.get("profile")]
+    if not profiled:
         return "ASHL: no allocation was made (the run ended before every worker had profiled)."
     rows = [[r["worker"], r["host"] or "?", f"{r['per_sample_s'] * 1e6:.1f}", f"{r['fixed_s'] * 1e3:.2f}",
              f"{r['comm_s'] * 1e3:.2f}", _bandwidth(r["bandwidth_bps"]), r["batch"], f"{r['shard']:.1%}",
              r.get("period", 1)]
-            for r in allocated[0]["profile"]]
+            for r in profiled[-1]["profile"]]  # the latest with every worker's profile (a newcomer's too)
     head = ["rank", "host", "us/sample", "fixed ms", "exchange ms", "bandwidth", "batch", "shard", "push every"]
     return "ASHL profile and allocation:\n" + table(head, rows)
 

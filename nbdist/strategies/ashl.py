@@ -101,7 +101,7 @@ class AshlWorker(PsWorker):
             raise OptionError("--strategy ashl sets the steps of an epoch itself (samples / global batch). Received: "
                               f"steps_per_epoch={request.steps_per_epoch}. Remove it.")
         if self._dealing(request):
-            return self._dealt_data(request, self.config["data"]["seed"])
+            return super().fit_data(request)  # dealt from the whole arrays (a newcomer from the open epoch)
         x, y, weights, validation = request.x, request.y, request.sample_weight, request.validation_data
         if request.validation_split:
             train, validation = split_validation(x, y, request.validation_split, weights)
@@ -255,7 +255,7 @@ class AshlStrategy(DdcAsgdStrategy):
                "async then sync phase, compression when communication dominates")
     reads = (*(o for o in (*opt.PARAMETER_SERVER, opt.MOMENTUM, *DDC_OPTIONS)
                if o not in (opt.MAX_STALENESS, opt.DATA_SHARDS)),  # ASHL sizes each share itself
-             opt.DATA, WITHOUT, COMMITS, SWITCH_AT)
+             opt.DATA, *opt.ELASTIC, WITHOUT, COMMITS, SWITCH_AT)
     reports = Reports(panels=(*DELAY_REPORTS.panels, "decisions"), phases=("profile", "ahl", "shl"),
                       controls=("pause", "resume", "stop", "lr_scale", "evict", "switch_phase"),
                       # its decisions are told together, in the profile table and decision lines it notes
@@ -282,6 +282,12 @@ class AshlStrategy(DdcAsgdStrategy):
     def deals_batches(self) -> bool:
         """Under `--data dynamic` shard 0 deals each worker batches of its allocated size."""
         return self.value("data") == "dynamic"
+
+    @property
+    def takes_newcomers(self) -> bool:
+        """Real-clock runs whose batches are dealt: a newcomer profiles itself and the allocation is solved
+        again for one more worker (a static share of every global batch cannot take one in)."""
+        return not self.value("simulate") and self.deals_batches()
 
     def prepare(self, run, cluster) -> dict:
         self.run = run
