@@ -268,3 +268,25 @@ def test_the_decision_line_names_a_link_that_commits_at_a_multiple_of_the_cadenc
     every = sent[-1][1]["every"]
     assert every[0] == 1 and every[1] > 1 and run.events_of("allocated")[0]["every"] == every
     assert f"worker 1 once every {every[1]} commit intervals" in decisions(run)[0]
+
+
+def test_with_dealt_batches_a_link_that_commits_every_few_intervals_leaves_at_the_switch():
+    from nbdist.ashl.report import decisions
+
+    slow_link = {"fixed_s": 0.0, "per_sample_s": 1e-3, "comm_s": 1.0, "b0": 60}
+    profiles = {0: {"fixed_s": 0.0, "per_sample_s": 1e-3, "comm_s": 0.0, "b0": 60}, 1: slow_link}
+    for dealt in (False, True):
+        sent = []
+        coordinator = Coordinator(2, lambda action, value: sent.append((action, value)) or [], local_steps=True,
+                                  dealt=dealt)
+        run = Run(strategy="ashl", options={}, workers=[0, 1], cell="")
+        coordinator.update(run, {"coordination": {"profiles": profiles}}, {})
+        every = sent[-1][1]["every"]
+        coordinator.switch(run, "by hand")
+        if not dealt:  # its share of every global batch would be lost: it stays
+            assert ("evict", 1) not in sent and not run.events_of("left_shl")
+            continue
+        assert sent[-1] == ("evict", 1) and run.evicted_ranks() == {1}
+        assert run.events_of("left_shl")[0]["workers"] == [1]
+        assert f"worker 1 commits once every {every[1]} intervals: in synchronous rounds its update would be " \
+               f"{every[1] - 1} round(s) stale; its batches are dealt to the others" in decisions(run)[-1]

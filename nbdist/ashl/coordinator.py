@@ -26,8 +26,10 @@ class Coordinator:
     """One run's ASHL decisions. `control(action, value)` reaches every shard."""
 
     def __init__(self, workers: int, control, virtual: bool = False, without: set[str] = frozenset(),
-                 switch_at: float | None = None, local_steps: bool = False):
+                 switch_at: float | None = None, local_steps: bool = False, dealt: bool = False):
         self.workers, self.control, self.virtual = workers, control, virtual
+        self.dealt = dealt  # shard 0 deals the batches: a worker that leaves leaves nothing untrained
+        self.left: set[int] = set()  # workers that left at the switch (their commits span several rounds)
         self.without = set(without)  # parts switched off (ablations): allocation, switch
         self.local_steps = local_steps  # workers commit local updates: one commit cadence for all
         self.models: list[CostModel] | None = None
@@ -69,7 +71,7 @@ class Coordinator:
             self._consider_switch(run, progress, live)
 
     def _live(self, run) -> list[int]:
-        gone = run.dead_ranks()
+        gone = run.dead_ranks() | self.left
         return [r for r in range(self.workers) if r not in gone]
 
     def _copy_shard_events(self, run, events: list[dict]) -> None:
@@ -221,7 +223,27 @@ class Coordinator:
         if self.phase != "shl":
             self.phase = "shl"
             run.record("switch_phase", to="shl", reason=reason, **extra)
+            self._slow_links_leave(run)
         return acks
+
+    def _slow_links_leave(self, run) -> None:
+        """With batches dealt, a worker whose commits span several commit intervals leaves at the switch: in
+        rounds its update would come m - 1 rounds stale (or every round would wait for it); its batches go to
+        the others. With static shares it stays (its share would be lost)."""
+        live = self._live(run)
+        if not self.dealt or not live or "allocation" in self.without:
+            return
+        shortest = min(self.every[r] for r in live)
+        leaving = [r for r in live if self.every[r] > shortest]
+        for rank in leaving:  # as the dashboard's evict does: its fit ends, the run reads it as evicted
+            self.control("evict", rank)
+            run.record("control:evict", value=rank)
+        if leaving:
+            self.left |= set(leaving)
+            run.record("left_shl", workers=leaving,
+                       reason="; ".join(f"worker {r} commits once every {self.every[r]} intervals: in synchronous "
+                                        f"rounds its update would be {self.every[r] - 1} round(s) stale"
+                                        for r in leaving) + "; its batches are dealt to the others")
 
 
 def _epochs_done(latest: dict) -> float:

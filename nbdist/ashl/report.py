@@ -32,7 +32,7 @@ def decisions(run) -> list[str]:
             lines.append(f"{at}  switched to SHL (synchronous): {e['reason']}")
         elif e["event"] == "compression":
             lines.append(f"{at}  worker {e['worker']} compression {e['reason']}")
-        elif e["event"] == "end_laggards":
+        elif e["event"] in ("end_laggards", "left_shl"):
             lines.append(f"{at}  {e['reason']}")
         elif e["event"] in ("worker_died", "worker_dropped"):
             lines.append(f"{at}  worker {e.get('rank', e.get('worker'))} lost ({e['event'].replace('_', ' ')})")

@@ -260,7 +260,7 @@ class AshlStrategy(DdcAsgdStrategy):
                       controls=("pause", "resume", "stop", "lr_scale", "evict", "switch_phase"),
                       # its decisions are told together, in the profile table and decision lines it notes
                       events={**PS_EVENTS, **dict.fromkeys(("allocated", "reallocated", "switch_phase", "compression",
-                                                            "end_laggards"))})
+                                                            "end_laggards", "left_shl"))})
     worker_class = AshlWorker
     min_workers = 2
 
@@ -293,7 +293,7 @@ class AshlStrategy(DdcAsgdStrategy):
         self.run = run
         self.coordinator = Coordinator(len(run.workers), super().control, virtual=self.clock == "virtual",
                                        without=parts_off(self.value("without")), switch_at=self.value("switch_at"),
-                                       local_steps=commits_local_steps(self.values))
+                                       local_steps=commits_local_steps(self.values), dealt=self.deals_batches())
         self.hosts = [cluster.info(eid).host for eid in run.workers]
         return super().prepare(run, cluster)
 
