@@ -297,6 +297,17 @@ def join_mid_run(kernel, cluster: TestCluster, options: str, cell: str) -> tuple
     return joined, newcomer, reply
 
 
+def dealt_by_epoch(log) -> dict[int, list]:
+    """epoch -> [(worker, start, count)] of every applied push's batches (a push of local steps names each one:
+    [epoch, start, count, start, count, ...])."""
+    by = {}
+    for entry in log:
+        epoch, *ranges = entry["batch"]
+        for start, count in zip(ranges[::2], ranges[1::2]):
+            by.setdefault(epoch, []).append((entry["worker"], start, count))
+    return by
+
+
 def push_log(kernel) -> list[dict]:
     """The first shard's push log of the kernel's last run, one dict per push."""
     return kernel.value("[dict(zip(s['log_fields'], e)) for s in nbdist.last_run.ps[:1] for e in s['log']]")

@@ -9,7 +9,7 @@ import pytest
 
 from nbdist.ashl.switch import SETTLED
 from nbdist.experiments import MODELS
-from tests.support import eventually, idle_engines, push_log
+from tests.support import dealt_by_epoch, eventually, idle_engines, push_log
 
 pytestmark = pytest.mark.cluster
 
@@ -86,11 +86,7 @@ def test_ahl_then_shl_at_an_epoch_end_and_the_model_learns(ashl_run):
 
 def test_shard_0_deals_each_worker_batches_of_its_allocated_size_and_every_epoch_trains_each_sample_once(ashl_run):
     batches = [e for e in ashl_run["events"] if e["event"] == "allocated"][0]["batches"]
-    by_epoch: dict[int, list] = {}
-    for entry in ashl_run["log"]:
-        batch = entry["batch"]
-        for start, count in zip(batch[1::2], batch[2::2]):
-            by_epoch.setdefault(batch[0], []).append((entry["worker"], start, count))
+    by_epoch = dealt_by_epoch(ashl_run["log"])
     assert sorted(by_epoch) == list(range(10))
     for epoch, dealt in by_epoch.items():
         counts = np.zeros(2000, int)
