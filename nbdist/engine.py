@@ -98,7 +98,7 @@ def run_training_cell(spec: dict) -> list:
     from .errors import NoFitCall
     from .keras_bridge import FitResult, intercept_fit
     from .reporter import ProgressReporter  # imports Keras: engines only
-    from .strategies import REGISTRY
+    from .strategies import strategy_class
 
     started = time.time()
     reporters = []
@@ -108,7 +108,7 @@ def run_training_cell(spec: dict) -> list:
         reporters.append(reporter)
         return reporter
 
-    worker = REGISTRY[spec["strategy"]].worker_class(spec, make_reporter)
+    worker = strategy_class(spec["strategy"]).worker_class(spec, make_reporter)
     results: list[FitResult] = []
 
     def handler(request):

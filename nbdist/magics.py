@@ -12,7 +12,7 @@ from . import gpus, report, threads
 from .progress import TextProgress
 from .strategies import COMMON_OPTIONS, on_register, strategy_names, strategy_options
 
-DIST_ACTIONS = ("start", "add", "connect", "stop", "status", "runs", "wait", "push", "cap")
+DIST_ACTIONS = ("start", "add", "connect", "stop", "status", "runs", "wait", "push", "cap", "plan")
 
 
 def distribute_parser():
@@ -27,8 +27,9 @@ def distribute_parser():
         for option in (*COMMON_OPTIONS, *strategy_options().values()):
             kwargs = option.argparse()
             if option.flag == "--strategy":
-                kwargs["choices"] = strategy_names()
-                kwargs["help"] += f"; one of: {', '.join(strategy_names())} (default local)"
+                kwargs["choices"] = [*strategy_names(), "auto"]
+                kwargs["help"] += (f"; one of: {', '.join(strategy_names())} (default local), or auto (measure the "
+                                   "engines on the cell's model, predict every strategy, train with the fastest)")
             parser.add_argument(option.flag, **kwargs)
         _parser = parser
     return _parser
@@ -72,6 +73,9 @@ class NbdistMagics(Magics):
                                    "lifts it); engines on this machine, as root (cgroup v1 memory controller)")
     @magic_arguments.argument("--targets", default=None, metavar="IDS",
                               help="cap: the engines to cap, comma-separated (default: all)")
+    @magic_arguments.argument("--workers", default=None, metavar="N,N",
+                              help="plan: the last plan's predictions at these worker counts (the measured engines' "
+                                   "speeds repeated), like --workers 8,32,128")
     @magic_arguments.argument("--stale", action="store_true",
                               help="stop: stop the clusters that previous kernels of this notebook left "
                                    "running (status names them), not this kernel's")
@@ -95,6 +99,8 @@ class NbdistMagics(Magics):
             %dist cap --memory 760M          # each engine as a host with 760 MB (try what fits)
             %dist stop
             %dist stop --stale               # clusters a previous (killed) kernel left running
+            %dist plan                       # the last --strategy auto plan's table
+            %dist plan --workers 8,32,128    # ... predicted at worker counts this cluster does not have
         """
         args = _parse(self.dist.parser, line, "dist")
         _refuse_unused(self.dist.parser, args)
@@ -142,6 +148,8 @@ class NbdistMagics(Magics):
             if not args.memory:
                 raise UsageError("%dist cap --memory SIZE caps each engine's memory, like %dist cap --memory 760M")
             print(f"nbdist: {session.cap(args.memory, args.targets)}")
+        elif args.action == "plan":
+            print(session.plan_table(args.workers))
         elif args.action == "push":
             sent = session.push(args.names)
             print(f"nbdist: sent {', '.join(sent['names']) or 'nothing (the engines have them)'} "
@@ -166,6 +174,8 @@ class NbdistMagics(Magics):
         if args.mode == "define":
             return self._define(args, cell)
         options = self._training_options(args)
+        if options["strategy"] == "auto" and (options := self._auto(cell, options)) is None:
+            return
         run = self.session.distribute(cell, options, on_progress=_progress_display(options["progress"]))
         if options.get("background"):
             print(f"nbdist: run {run.id} training in the background on engine(s) {run.workers}; "
@@ -177,6 +187,8 @@ class NbdistMagics(Magics):
         import asyncio
 
         options = self._training_options(_parse(distribute_parser(), line, "distribute"))
+        if options["strategy"] == "auto" and (options := self._auto(cell, options)) is None:
+            return
         kernel = getattr(self.shell, "kernel", None)
         cell_request = (kernel._parent_ident["shell"], kernel.get_parent("shell")) if kernel else None
         run = self.session.distribute(cell, {**options, "background": True},
@@ -189,6 +201,17 @@ class NbdistMagics(Magics):
         if cell_request is not None:  # widget messages handled meanwhile may have left theirs as the parent
             kernel.set_parent(*cell_request, channel="shell")
         self.session.wait(run)
+
+    def _auto(self, cell: str, options: dict) -> dict | None:
+        """`--strategy auto`: the plan's table (and chart, where a front end shows one); the chosen options."""
+        chosen = self.session.choose_strategy(cell, options)
+        if _in_kernel():
+            from IPython.display import display
+
+            from .planner.chart import plan_figure
+
+            display(plan_figure(self.session.last_plan))
+        return chosen
 
     def _training_options(self, args) -> dict:
         if args.name is not None:
@@ -319,7 +342,7 @@ def _is_number(text: str) -> bool:
 
 _DIST_ARGS_BY_ACTION = {"start": {"n", "engines", "profile", "kernel_gpu", "threads"}, "add": {"n"},
                         "connect": {"profile", "cluster_id", "file", "kernel_gpu", "threads"},
-                        "stop": {"stale"}, "cap": {"memory", "targets"}}
+                        "stop": {"stale"}, "cap": {"memory", "targets"}, "plan": {"workers"}}
 
 
 def _refuse_unused(parser, args):

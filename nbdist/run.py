@@ -81,9 +81,9 @@ class Run:
     def fits(self) -> list[FitResult]:
         """What the notebook's model receives, one result per `fit` call: the strategy's `gather_result`
         (by default, the first worker in rank order that finished and was not evicted)."""
-        from .strategies import REGISTRY
+        from .strategies import strategy_class
 
-        return REGISTRY[self.strategy].gather_result(self)
+        return strategy_class(self.strategy).gather_result(self)
 
     @property
     def history(self) -> dict:
@@ -204,9 +204,9 @@ class Run:
     def record(self, kind: str, t: float | None = None, **fields) -> dict:
         """Note what happened to the run besides training (a death, a recovery, a control, a decision): the
         one way into `events`. `kind` is one its strategy declares (`Strategy.event_sentences`) or a control."""
-        from .strategies import REGISTRY
+        from .strategies import strategy_class
 
-        if not kind.startswith("control:") and kind not in REGISTRY[self.strategy].event_sentences():
+        if not kind.startswith("control:") and kind not in strategy_class(self.strategy).event_sentences():
             raise ValueError(f"--strategy {self.strategy} declares no event {kind!r}: add it to its Reports.events")
         event = {"t": time.time() if t is None else t, "event": kind, **fields}
         self.events.append(event)
@@ -219,9 +219,9 @@ class Run:
     def event_lines(self) -> list[str]:
         """What happened to the run besides training, one sentence each in time order, as its strategy tells
         each kind (printed under the cell, shown by the dashboard and the sidebar)."""
-        from .strategies import REGISTRY
+        from .strategies import strategy_class
 
-        sentences = REGISTRY[self.strategy].event_sentences()
+        sentences = strategy_class(self.strategy).event_sentences()
         return [say(e, self) for e in sorted(self.events, key=lambda e: e["t"])
                 if (say := sentences.get(e["event"])) is not None]
 

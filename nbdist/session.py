@@ -34,6 +34,7 @@ class Session:
         self.cluster: ClusterHandle | None = None
         self.definitions: dict[str, Definition] = {}
         self.runs: list[runs.Run] = []
+        self.last_plan = None  # the last `--strategy auto` plan (`nbdist.planner.plan.Plan`), for `%dist plan`
         self.current_cell_id: str | None = None  # set by a pre_run_cell hook in a notebook
         self.listeners: list = []  # callables told what changed ("cluster", "definitions", "run", "progress")
         self.cell_hook = None  # the pre_run_cell hook that keeps `current_cell_id` (set by %load_ext)
@@ -323,15 +324,50 @@ class Session:
                 f"{cluster.info(eid).label()}.") from None
 
     # -- training cells ------------------------------------------------------------------
-    def distribute(self, cell: str, options: dict, on_progress=None) -> runs.Run:
+    def choose_strategy(self, cell: str, options: dict) -> dict | None:
+        """`--strategy auto`: plan the cell on the cluster, print the plan and the choice; the options of the
+        chosen strategy, or None with `--plan-only` (the plan is kept for `%dist plan`)."""
+        from .planner import auto
+
+        self.last_plan = auto.plan(self, cell, options)
+        print(self.last_plan.table())
+        if options.get("plan_only"):
+            return None
+        chosen, dropped = auto.chosen_options(self.last_plan, options)
+        print(f"nbdist: {self.last_plan.choice_line()}"
+              + (f"; {', '.join(dropped)} not read by it, left out" if dropped else "") + ".")
+        return chosen
+
+    def plan_table(self, workers: str | None = None) -> str:
+        """The last plan's table; with `workers` ("8,32,128") its predictions at those worker counts."""
+        if self.last_plan is None:
+            raise OptionError("no plan yet: run the training cell under %%distribute --strategy auto --plan-only "
+                              "(or --strategy auto) first.")
+        if not workers:
+            return self.last_plan.table()
+        from .planner.plan import scaling_table
+
+        try:
+            counts = sorted({int(n) for n in workers.replace(" ", "").split(",") if n})
+        except ValueError:
+            raise OptionError(f"%dist plan --workers takes worker counts separated by commas, like 8,32,128. "
+                              f"Received: {workers}") from None
+        if not counts or counts[0] < 1:
+            raise OptionError(f"%dist plan --workers takes positive worker counts. Received: {workers}")
+        return scaling_table(self.last_plan, counts)
+
+    def distribute(self, cell: str, options: dict, on_progress=None, strategy=None) -> runs.Run:
         """Train the cell on the engines, then run it here with `fit` installing the results.
 
         With `options["background"]` the training runs in a thread and this returns the Run at
-        once; `wait` blocks until it ends and installs the results.
+        once; `wait` blocks until it ends and installs the results. `strategy`: an instance made elsewhere
+        (the planner's profile), instead of the one `options` names.
         """
         if not cell.strip():
             raise OptionError("%%distribute needs a training cell below the magic line, with a model.fit(...) call.")
-        strategy = self._strategy_for(cell, options)
+        if options.get("plan_only") and options.get("strategy") != "auto":
+            raise OptionError("--plan-only prints the plan of --strategy auto; add --strategy auto, or leave it out.")
+        strategy = strategy or self._strategy_for(cell, options)
         cluster = self.require_cluster()
         workers = self._choose_workers(strategy, cluster, options)
         cluster.refresh(workers)

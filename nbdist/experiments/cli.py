@@ -77,8 +77,12 @@ def _quote(arg: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "plan-check":
+        from .plan_check import plan_check
+
+        return plan_check(argv[1:])
     if not argv or argv[0] != "compare":
-        print("usage: python -m nbdist.experiments compare [--quick] [options]; see compare --help", file=sys.stderr)
+        print("usage: python -m nbdist.experiments compare|plan-check [options]; see compare --help", file=sys.stderr)
         raise SystemExit(2)
     compare(argv[1:])
 

@@ -25,9 +25,13 @@ COMMON_OPTIONS = (
            "data); only marked %%distribute define cells reach them", flag_only=True, default=False),
     Option("--background", "return at once with the Run (nbdist.last_run) while training goes on; "
            "%%dist wait blocks until it ends and installs the model", flag_only=True, default=False),
+    Option("--plan-only", "with --strategy auto: measure the engines on the cell's model and print the plan "
+           "(every strategy's predicted epoch time, ranked, with why), and train nothing", flag_only=True,
+           default=False),
 )
 
 REGISTRY: dict[str, type[Strategy]] = {}
+INTERNAL: dict[str, type[Strategy]] = {}  # strategies nbdist runs for itself (the planner's profile), never listed
 _listeners: list = []  # called with the class when one is registered (the magic rebuilds its parser)
 
 
@@ -50,6 +54,11 @@ def unregister(name: str) -> None:
 
 def on_register(listener) -> None:
     _listeners.append(listener)
+
+
+def strategy_class(name: str) -> type[Strategy]:
+    """The class of a run's strategy: a registered one, or one nbdist runs for itself."""
+    return REGISTRY.get(name) or INTERNAL[name]
 
 
 def strategy_names() -> list[str]:
@@ -113,6 +122,7 @@ def _register_builtin() -> None:
     from .local import LocalStrategy
     from .nfdt import NfdtStrategy
     from .pipeline import PipelineStrategy
+    from .profile import ProfileStrategy
     from .tensor import TensorStrategy
 
     STRATEGIES = (LocalStrategy, HfdtStrategy, NfdtStrategy, AsgdStrategy, DcAsgdStrategy, DcAsgdAdaptiveStrategy,
@@ -120,9 +130,10 @@ def _register_builtin() -> None:
                   TensorStrategy)
     for cls in STRATEGIES:
         register(cls)
+    INTERNAL[ProfileStrategy.name] = ProfileStrategy
 
 
 _register_builtin()
 
 __all__ = ["COMMON_OPTIONS", "Option", "REGISTRY", "Reports", "Strategy", "Worker", "make_strategy", "on_register",
-           "option_line", "readers", "register", "strategy_names", "strategy_options", "unregister"]
+           "option_line", "readers", "register", "strategy_class", "strategy_names", "strategy_options", "unregister"]

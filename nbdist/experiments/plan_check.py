@@ -1,0 +1,99 @@
+"""The `plan-check` command: the planner's epoch times against the same strategies run on the virtual clock.
+
+    python -m nbdist.experiments plan-check --setup H1 --step 1.58326ms+37.4714us/sample --samples 8000
+
+Each strategy of the set-up trains `--epochs` epochs on the virtual clock (the set-up's speeds and
+links, one step cost for all) and its last epoch's virtual seconds are compared with the planner's
+prediction from the same costs. Prints a table, then `RESULT plan_epoch_time_error_max` (the worst
+relative error) and `RESULT plan_epoch_rank_tau` (Kendall's tau of the two orderings by epoch time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..hetero import StepCost, parse_simulate
+from ..planner.costs import ClusterCosts
+from ..planner.plan import kendall_tau
+from ..planner.predict import predict
+from .cells import DATA, MODELS, SETUPS
+from .grid import parse_rows, run_grid
+
+STRATEGIES = "local,hfdt:scale-lr=none,hfdt:balance=auto:scale-lr=none,ssgd,nfdt,ddc-asgd,adsp,ashl"
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m nbdist.experiments plan-check", description=__doc__.split("\n")[0])
+    parser.add_argument("--setup", required=True, choices=sorted(SETUPS))
+    parser.add_argument("--step", required=True, help="the virtual clock's step cost, e.g. 1.58326ms+37.4714us/sample")
+    parser.add_argument("--strategies", default=STRATEGIES)
+    parser.add_argument("--samples", type=int, default=8000)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=64)
+    args = parser.parse_args(argv)
+    setup = {"model": "mlp", "lr": 0.05, **SETUPS[args.setup]}
+    args.simulate, args.model, args.lr = setup["simulate"], setup["model"], setup["lr"]
+    args.workers = max(len(part.split(",")) for part in args.simulate.split(";"))
+    args.clock, args.seeds, args.momentum, args.hidden, args.target_accuracy = "virtual", 1, 0.9, 128, None
+    return args
+
+
+def model_bytes(model: str, hidden: int = 128) -> int:
+    """The float32 bytes of the comparison's `model` (built here, as the engines build it)."""
+    namespace: dict = {}
+    exec("import keras\n" + MODELS[model].format(hidden=hidden), namespace)
+    return 4 * namespace["build"]().count_params()
+
+
+def cluster_costs(args, workers: int | None = None) -> ClusterCosts:
+    """The set-up's costs as the planner gets them from a `--simulate` text and the step cost."""
+    from ..hetero import _parse_step
+
+    profiles = parse_simulate(args.simulate, args.workers)
+    return ClusterCosts(tuple(profiles), _parse_step(args.step.lower()), args.samples or 60000, args.batch,
+                        model_bytes(args.model, args.hidden), epochs=args.epochs)
+
+
+def last_epoch_s(result: dict) -> float | None:
+    ends = [0.0, *result["curve"]["t"]]
+    return ends[-1] - ends[-2] if len(ends) >= 3 else None
+
+
+def plan_check(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    rows = parse_rows(args.strategies)
+    costs = cluster_costs(args)
+    results = run_grid(args, rows)
+    table = []
+    for row, result in zip(rows, results):
+        predicted = predict(row.strategy, costs, row.options)
+        last = predicted.per_epoch[-1] if predicted.per_epoch else None
+        measured = last_epoch_s(result)
+        error = abs(last - measured) / measured if last and measured else None
+        table.append({"label": row.label, "predicted_s": last, "measured_s": measured, "error": error,
+                      "reason": predicted.reason or predicted.refused, "failed": result["error"]})
+    print(f"\n{args.setup}: {args.workers} workers, {args.samples} samples, batch {args.batch}, step {args.step}, "
+          f"epoch {args.epochs} of {args.epochs} measured\n")
+    print("| strategy | predicted epoch s | measured epoch s (virtual) | error | why |\n|---|---|---|---|---|")
+    for r in table:
+        print(f"| {r['label']} | {_num(r['predicted_s'])} | {_num(r['measured_s'])} | "
+              f"{_pct(r['error'])} | {r['reason']}"
+              + (f" [failed: {r['failed']}]" if r["failed"] else "") + " |")
+    scored = [r for r in table if r["error"] is not None]
+    tau = kendall_tau([r["predicted_s"] for r in scored], [r["measured_s"] for r in scored])
+    print(f"RESULT plan_epoch_time_error_max_{args.setup}={max(r['error'] for r in scored):.3f}")
+    print(f"RESULT plan_epoch_rank_tau_{args.setup}={tau:.3f}")
+    return table
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+if __name__ == "__main__":
+    plan_check(sys.argv[1:])

@@ -1,0 +1,101 @@
+"""`--strategy auto`: measure the cluster on the cell's model, plan every strategy, and pick the first.
+
+The measuring is a `profile` run (`strategies.profile`): each engine times the cell's step at its
+batch and twice it. On the virtual clock (`--simulate "...; clock=virtual"`) the speeds and links
+are the ones given; on the real clock each engine's speed is its measured step time against the
+fastest engine's, and what was not measured (the links of a local cluster, the PS's cost per
+message) is said in the plan's notes with the value assumed instead.
+"""
+
+from __future__ import annotations
+
+from ..errors import OptionError
+from ..hetero import Profile, StepCost, parse_clock, parse_simulate
+from .costs import ClusterCosts, ServerCosts
+from .plan import Plan, make_plan
+
+PS_MESSAGE_S = 1e-3  # one push-pull's fixed cost on this machine's loopback (docs/benchmarks.md, ps_vs_raw_zmq_225k)
+VARIANTS = {"hfdt": ({}, {"balance": "auto"})}  # strategies planned with more than their defaults
+
+
+def candidates() -> list[tuple[str, dict]]:
+    """Every registered strategy (and its planned variants), as (name, options)."""
+    from ..strategies import strategy_names
+
+    return [(name, options) for name in strategy_names() for options in VARIANTS.get(name, ({},))]
+
+
+def measure(session, cell: str, options: dict) -> ClusterCosts:
+    """The cluster's costs for `cell`: a profile run on the engines `options` choose (all idle ones by default)."""
+    from ..strategies import COMMON_OPTIONS
+    from ..strategies.profile import ProfileStrategy
+
+    values = {o.name: options.get(o.name, o.default) for o in COMMON_OPTIONS}
+    values.update(strategy="profile", progress="none", background=True, plan_only=False)
+    run = session.distribute(cell, values, strategy=ProfileStrategy(values))
+    thread, run.thread = run.thread, None
+    thread.join()
+    thread.reraise()
+    measured = [run.results[eid][0].timings["plan_profile"] for eid in run.workers if run.results.get(eid)]
+    if not measured:
+        raise OptionError(f"the planner's profile run {run.id} measured no engine (see %dist runs); run it again.")
+    return costs_from(measured, options.get("simulate"))
+
+
+def costs_from(measured: list[dict], simulate: str | None) -> ClusterCosts:
+    """ClusterCosts from each engine's profile record and the cell's `--simulate` text."""
+    clock, given_step = parse_clock(simulate)
+    first = measured[0]
+    steps = [StepCost(**m["step"]) for m in measured]
+    simulated = parse_simulate(simulate, len(measured))
+    notes = []
+    if clock == "virtual":
+        step, speeds, server = (given_step or steps[0]).at(first["batch"]), [p.speed for p in simulated], ServerCosts()
+        notes.append("virtual clock: speeds and links as --simulate gives them; the PS's own time is not charged")
+    else:
+        batch = first["batch"]
+        fastest = min(steps, key=lambda s: s.seconds(batch))
+        step = fastest
+        speeds = [fastest.seconds(batch) / s.seconds(batch) * p.speed for s, p in zip(steps, simulated)]
+        server = ServerCosts(message_s=PS_MESSAGE_S)
+        notes.append(f"the PS's cost per message is taken as {PS_MESSAGE_S * 1e3:g} ms (measured on loopback, "
+                     "docs/benchmarks.md), not measured on this cluster")
+        if not any(p.bandwidth_bps or p.latency_s for p in simulated):
+            notes.append("links not measured: taken as free (a local cluster's loopback); on hosts apart, give "
+                         "--simulate 'bandwidth=...; latency=...'")
+    profiles = tuple(Profile(speed=s, bandwidth_bps=p.bandwidth_bps, latency_s=p.latency_s)
+                     for s, p in zip(speeds, simulated))
+    if first["samples"] is None:
+        raise OptionError("--strategy auto needs the number of samples an epoch holds; this cell's tf.data pipeline "
+                          "does not say (its cardinality is unknown). Give fit numpy arrays, or choose a strategy.")
+    return ClusterCosts(profiles, step, first["samples"], first["batch"], first["model_bytes"],
+                        optimizer=first["optimizer"], arrays=first["arrays"], server=server, notes=tuple(notes))
+
+
+def plan(session, cell: str, options: dict) -> Plan:
+    """Measure, then predict every strategy."""
+    return make_plan(measure(session, cell, options), candidates())
+
+
+def chosen_options(plan: Plan, options: dict) -> tuple[dict, list[str]]:
+    """The cell's options for the plan's first choice, and the flags given that it does not read (dropped)."""
+    from ..strategies import COMMON_OPTIONS, REGISTRY, strategy_options
+
+    choice = plan.choice
+    reads = {o.name for o in REGISTRY[choice.strategy].reads} | {o.name for o in COMMON_OPTIONS}
+    own = strategy_options()
+    dropped = [own[k].flag for k, v in options.items() if k in own and k not in reads and v != own[k].default]
+    chosen = {k: v for k, v in options.items() if k not in own or k in reads}
+    chosen.update(strategy=choice.strategy, plan_only=False, **choice.options)
+    if choice.workers == 1:  # local: one engine, the first of those given, as the first worker simulated
+        targets = str(options.get("targets") or "").split(",")[0] or None
+        chosen.update(workers=None if targets else 1, targets=targets, simulate=_first_worker(options.get("simulate")))
+    return chosen, dropped
+
+
+def _first_worker(simulate: str | None) -> str | None:
+    """A `--simulate` text for one engine: each per-worker list cut to its first value."""
+    if not simulate:
+        return simulate
+    parts = [p.strip() for p in simulate.split(";") if p.strip()]
+    return "; ".join(p if p.split("=")[0].strip() in ("clock", "step") else p.split(",")[0] for p in parts)

@@ -1,0 +1,107 @@
+"""The planner: epoch times from hand-given costs, refusals with their reasons, the ranking, and
+`--strategy auto` / `--plan-only` / `%dist plan` through a real kernel on the shared cluster."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from nbdist.hetero import Profile, StepCost
+from nbdist.planner.costs import ClusterCosts, ServerCosts
+from nbdist.planner.plan import kendall_tau, make_plan, scaling
+from nbdist.planner.predict import predict
+from tests.conftest import TRAIN
+
+# Two workers, the second half as fast; 100 Mbit/s links with 1 ms latency; t(b) = 2 ms + 0.1 ms x b;
+# 640 samples in batches of 32; a model of 100,000 bytes.
+LINK = dict(bandwidth_bps=100e6, latency_s=1e-3)
+COSTS = ClusterCosts((Profile(1.0, **LINK), Profile(0.5, **LINK)), StepCost(2e-3, 1e-4), samples=640, batch=32,
+                     model_bytes=100_000)
+COMPUTE = [0.002 + 0.0032, (0.002 + 0.0032) / 0.5]  # 5.2 ms and 10.4 ms a step
+ONE_WAY = 0.001 + 100_000 * 8 / 100e6  # 9 ms: latency + transfer
+
+
+def test_a_synchronous_epoch_is_the_slowest_ranks_steps_then_the_ring_by_hand():
+    steps = 640 // (2 * 32)  # 10 steps of 2 x 32
+    ring = 2 * 1 / 2 * 100_000 * 8 / 100e6 + 2 * 1 * 0.001  # 2(N-1)/N of the bytes, 2(N-1) latencies: 10 ms
+    assert predict("hfdt", COSTS).epoch_s == pytest.approx(steps * (COMPUTE[1] + ring))  # 0.204 s
+    assert predict("ssgd", COSTS).epoch_s == pytest.approx(steps * (COMPUTE[1] + 2 * ONE_WAY))  # 0.284 s
+    assert "waits for worker 1, 2.0x slower" in predict("hfdt", COSTS).reason
+
+
+def test_an_asynchronous_epoch_with_batches_dealt_is_the_samples_over_the_summed_rates_by_hand():
+    cycles = [c + 2 * ONE_WAY for c in COMPUTE]  # 23.2 ms and 28.4 ms
+    rate = sum(32 / c for c in cycles)  # samples per second of both
+    assert predict("asgd", COSTS).epoch_s == pytest.approx(640 / rate + cycles[1] / 2)
+    static = predict("asgd", COSTS, {"data": "static"})
+    assert static.epoch_s == pytest.approx(10 * cycles[1])  # each its 320 samples; the slower one ends the epoch
+    assert predict("local", COSTS).epoch_s == pytest.approx(20 * COMPUTE[0])
+
+
+def test_the_parameter_servers_cost_per_message_bounds_the_asynchronous_epoch_and_says_so():
+    busy = ClusterCosts(COSTS.profiles, COSTS.step, 640, 32, 100_000, server=ServerCosts(message_s=0.02))
+    prediction = predict("asgd", busy)
+    assert prediction.epoch_s == pytest.approx(20 * 0.02)  # 20 pushes an epoch, answered one by one
+    assert prediction.reason.startswith("PS saturated")
+
+
+def test_a_strategy_the_cell_cannot_run_is_refused_with_the_reason():
+    adam = ClusterCosts(COSTS.profiles, COSTS.step, 640, 32, 100_000, optimizer="Adam")
+    refused = predict("ddc-asgd", adam)
+    assert refused.epoch_s is None and "the cell compiled Adam" in refused.refused
+    assert predict("asgd", adam).refused is None  # keeps the cell's optimizer
+    alone = ClusterCosts(COSTS.profiles[:1], COSTS.step, 640, 32, 100_000)
+    assert predict("hfdt", alone).refused == "needs at least 2 engines; the cluster has 1"
+    assert "fits" in predict("pipeline", COSTS).refused
+    pipeline = ClusterCosts(COSTS.profiles, COSTS.step, 640, 32, 100_000, arrays=False)
+    assert "tf.data" in predict("ashl", pipeline).refused
+
+
+def test_the_plan_ranks_by_epoch_time_prefers_the_synchronous_strategy_on_a_tie_and_lists_refusals_last():
+    equal = ClusterCosts((Profile(), Profile()), StepCost(0.0, 1e-4), samples=640, batch=32, model_bytes=1000)
+    plan = make_plan(equal, [("local", {}), ("asgd", {}), ("hfdt", {}), ("pipeline", {})])
+    assert [p.strategy for p in plan.ranked] == ["hfdt", "asgd", "local", "pipeline"]
+    assert plan.choice_line().startswith("auto chose hfdt on 2 engine(s): predicted ")
+    assert re.search(r"^ *- pipeline .* refused: not planned", plan.table(), re.M)
+
+
+def test_grown_clusters_repeat_the_measured_speeds_and_show_where_a_strategy_stops_scaling():
+    link = Profile(bandwidth_bps=10e9, latency_s=50e-6)
+    plan = make_plan(ClusterCosts((Profile(1.0), Profile(0.25)), StepCost(1e-3, 3e-5), 60000, 64, 400_000,
+                                  server=ServerCosts(message_s=1e-3)), [("hfdt", {}), ("asgd", {})])
+    assert [p.speed for p in plan.costs.grown(5).profiles] == [1.0, 0.25, 1.0, 0.25, 1.0]
+    rows = {r["label"]: r for r in scaling(plan, [4, 16, 64, 128], link)}
+    assert rows["asgd"]["stops"] is not None and "PS" in rows["asgd"]["why"]  # 1 ms a push serialises them
+    assert rows["hfdt"]["epoch_s"][0] > rows["hfdt"]["epoch_s"][1]  # synchronous still gains from 4 to 16
+
+
+def test_kendall_tau_by_hand():
+    assert kendall_tau([1, 2, 3], [10, 20, 30]) == 1
+    assert kendall_tau([1, 2, 3], [30, 20, 10]) == -1
+    assert kendall_tau([1, 2, 3], [10, 30, 20]) == pytest.approx(1 / 3)
+
+
+@pytest.mark.cluster
+def test_plan_only_measures_the_engines_lists_refusals_and_trains_nothing(kernel):
+    adam = TRAIN.format(epochs=1).replace("keras.optimizers.SGD(0.05, momentum=0.9)", '"adam"')
+    kernel.run("model = None").check()
+    reply = kernel.run("%%distribute --strategy auto --plan-only\n" + adam, timeout=180).check()
+    assert re.search(r"^ *- ddc-asgd .* refused: an SGD rule: the cell compiled Adam", reply.stdout, re.M), reply.stdout
+    assert re.search(r"^ *1 \S+ ", reply.stdout, re.M)  # a first choice, with its predicted epoch time
+    assert "links not measured" in reply.stdout  # the local cluster's loopback, said
+    assert kernel.value("model is None") is True  # the cell did not run here: nothing trained, nothing installed
+    scaled_out = kernel.run("%dist plan --workers 2,8", timeout=30).check().stdout
+    assert "stops scaling at" in scaled_out and "hfdt" in scaled_out
+
+
+@pytest.mark.cluster
+def test_strategy_auto_on_two_engines_trains_and_names_its_choice(kernel):
+    cell = "%%distribute --strategy auto --seed 3 --simulate 'speed=1,0.25; clock=virtual; step=2ms'\n"
+    reply = kernel.run(cell + TRAIN.format(epochs=1), timeout=240).check()
+    chosen = re.search(r"auto chose (\S+?)(?::\S+)? on (\d) engine", reply.stdout)
+    assert chosen, reply.stdout
+    run = kernel.value("{'strategy': nbdist.last_run.strategy, 'status': nbdist.last_run.status, "
+                       "'epochs': len(history.history['loss'])}")
+    assert run == {"strategy": chosen.group(1), "status": "done", "epochs": 1}
+    assert chosen.group(1) != "local"  # one engine a quarter as fast is still worth a second worker here
