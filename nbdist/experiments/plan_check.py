@@ -31,6 +31,10 @@ def parse_args(argv):
     parser.add_argument("--samples", type=int, default=8000)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--scaling", help="only predict, at these worker counts (4,16,64,128): the set-up's speeds "
+                                          "repeated, links as --link, the PS as --ps-message; runs nothing")
+    parser.add_argument("--link", default="10g,50us", help="--scaling: every worker's link, bandwidth,latency")
+    parser.add_argument("--ps-message", default="1ms", help="--scaling: the PS's cost per push-pull")
     args = parser.parse_args(argv)
     setup = {"model": "mlp", "lr": 0.05, **SETUPS[args.setup]}
     args.simulate, args.model, args.lr = setup["simulate"], setup["model"], setup["lr"]
@@ -60,8 +64,29 @@ def last_epoch_s(result: dict) -> float | None:
     return ends[-1] - ends[-2] if len(ends) >= 3 else None
 
 
+def scaling_check(args) -> str:
+    """The set-up's predictions at `--scaling` worker counts, on a model of the links and of the PS."""
+    from dataclasses import replace
+
+    from ..hetero import Profile, _parse
+    from ..planner.costs import ServerCosts
+    from ..planner.plan import make_plan, scaling_table
+
+    bandwidth, latency = args.link.split(",")
+    link = Profile(bandwidth_bps=_parse("bandwidth", bandwidth), latency_s=_parse("latency", latency))
+    costs = replace(cluster_costs(args), server=ServerCosts(message_s=_parse("latency", args.ps_message),
+                                                            host_bandwidth_bps=link.bandwidth_bps),
+                    notes=(f"links {args.link} each; the PS {args.ps_message} a push-pull, its host's link "
+                           f"{bandwidth}",))
+    plan = make_plan(costs, [(row.strategy, row.options) for row in parse_rows(args.strategies)])
+    return scaling_table(plan, [int(n) for n in args.scaling.split(",")], link)
+
+
 def plan_check(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
+    if args.scaling:
+        print(scaling_check(args))
+        return []
     rows = parse_rows(args.strategies)
     costs = cluster_costs(args)
     results = run_grid(args, rows)

@@ -10,6 +10,7 @@ from .predict import Prediction, predict
 # Among strategies predicted equally fast, the one that trains as a local fit does comes first.
 PREFERENCE = ("hfdt", "ssgd", "ashl", "adsp", "nfdt", "asgd", "ddc-asgd", "dc-asgdk", "dc-asgd-a", "dc-asgd", "local")
 TIE = 0.02  # epoch times within 2 % of each other count as equal
+EFFICIENT = 0.5  # a strategy scales while N workers are at least half as fast as N times one
 
 
 @dataclass
@@ -73,14 +74,15 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
 
 def scaling(plan: Plan, counts: list[int], link=None) -> list[dict]:
     """Each planned strategy's epoch seconds at `counts` workers (the plan's cluster grown, `ClusterCosts.grown`),
-    where it stops scaling (the first count past which more workers save less than 10 %) and why there."""
+    where it stops scaling (the first count at which its efficiency against the smallest count, speed-up over
+    the ratio of workers, falls under EFFICIENT) and why there."""
     rows = []
     for p in plan.predictions:
         if p.refused is not None or p.strategy == "local":
             continue
         at = [predict(p.strategy, plan.costs.grown(n, link), p.options) for n in counts]
-        stops = next((counts[i] for i in range(len(at) - 1)
-                      if at[i + 1].epoch_s is None or at[i + 1].epoch_s > 0.9 * at[i].epoch_s), None)
+        base = at[0].epoch_s * counts[0]
+        stops = next((n for q, n in zip(at, counts) if q.epoch_s is None or base / (q.epoch_s * n) < EFFICIENT), None)
         why = next((q.reason or q.refused for q, n in zip(at, counts) if n == stops), at[-1].reason or at[-1].refused)
         rows.append({"label": p.label, "epoch_s": [q.epoch_s for q in at], "stops": stops, "why": why})
     return rows

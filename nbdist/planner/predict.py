@@ -125,8 +125,9 @@ def _adsp(costs: ClusterCosts, options: dict) -> tuple[list[float], str]:
     steps = math.ceil(costs.samples / costs.workers / costs.batch)
     workers = [{"search": IntervalSearch(), "since": 0, "commits": 0, "t": 0.0, "trial": (0.0, 0)}
                for _ in range(costs.workers)]
-    ends, start = [], 0.0
+    ends, start, commits = [], 0.0, []
     for _ in range(max(costs.epochs, 1)):
+        before = sum(state["commits"] for state in workers)
         for w, state in enumerate(workers):
             state["t"] = start  # the epoch barrier: every worker resumes when the last one arrived
             for _ in range(steps):
@@ -134,13 +135,17 @@ def _adsp(costs: ClusterCosts, options: dict) -> tuple[list[float], str]:
                 state["since"] += 1
                 if state["since"] >= state["search"].interval:
                     _adsp_commit(costs, w, state, COMMITS_PER_TRIAL)
-        start = max(state["t"] for state in workers)
+        commits.append(sum(state["commits"] for state in workers) - before)
+        start = max(start, max(state["t"] for state in workers))
+        bound, _ = _bounded_by_server(costs, start - (ends[-1] if ends else 0.0), commits[-1], "")
+        start = (ends[-1] if ends else 0.0) + bound  # the PS, when it is the slower, sets the epoch
         ends.append(start)
     slowest = max(range(costs.workers), key=lambda w: workers[w]["t"])
     intervals = sorted({state["search"].interval for state in workers})
     epochs = [b - a for a, b in zip([0.0, *ends], ends)]
-    return epochs, (f"equal shards: each epoch waits for worker {slowest}; commit intervals reach "
-                    f"{'-'.join(map(str, intervals))} steps")
+    reason = (f"equal shards: each epoch waits for worker {slowest}; commit intervals reach "
+              f"{'-'.join(map(str, intervals))} steps")
+    return epochs, _bounded_by_server(costs, epochs[-1], commits[-1], reason)[1]
 
 
 def _adsp_commit(costs: ClusterCosts, worker: int, state: dict, per_trial: int) -> None:
@@ -172,8 +177,10 @@ def _ashl(costs: ClusterCosts, options: dict) -> tuple[list[float], str]:
     commits = [c * b / t for c, b, t in zip(counts, batches, cycles)]  # samples per second, asynchronous
     # a worker out of batches commits what it trained: the epoch ends about half a step and commit after
     ahl = costs.samples / sum(commits) + max(s + m.comm_s for s, m in zip(steps, models)) / 2
+    ahl, why = _bounded_by_server(costs, ahl, costs.samples * sum(1 / t for t in cycles) / sum(commits), "")
     pacers = [k for k, e in enumerate(every) if e == 1]
-    shl = costs.samples * max(cycles[k] for k in pacers) / sum(counts[k] * batches[k] for k in pacers)
+    rounds = costs.samples / sum(counts[k] * batches[k] for k in pacers)
+    shl = _bounded_by_server(costs, rounds * max(cycles[k] for k in pacers), rounds * len(pacers), "")[0]
     epochs = max(costs.epochs, 1)
     at = options.get("switch_at")
     switch = None if "switch" in str(options.get("without") or "") or epochs < 2 else \
@@ -184,7 +191,8 @@ def _ashl(costs: ClusterCosts, options: dict) -> tuple[list[float], str]:
     reason = (f"batches {min(batches)}-{max(batches)} by speed, {max(counts)} local steps a commit; "
               f"asynchronous {ahl:.3g} s an epoch" + (f", synchronous {shl:.3g} s from epoch {switch + 1}"
                                                        if switch and switch < epochs else "")
-              + (f"; worker(s) {slow} leave at the switch (a link too slow for the rounds)" if slow else ""))
+              + (f"; worker(s) {slow} leave at the switch (a link too slow for the rounds)" if slow else "")
+              + (f"; {why}" if why else ""))
     return per_epoch, reason
 
 
@@ -221,8 +229,8 @@ def _bounded_by_server(costs: ClusterCosts, epoch_s: float, pushes: float, reaso
         return epoch_s, reason
     what = "PS link" if link_s >= busy_s else "PS"
     if bound >= epoch_s:
-        return bound, f"{what} saturated (100 % busy): {reason}"
-    return epoch_s, f"{reason}; {what} {bound / epoch_s:.0%} busy"
+        return bound, f"{what} saturated (100 % busy)" + (f": {reason}" if reason else "")
+    return epoch_s, (f"{reason}; " if reason else "") + f"{what} {bound / epoch_s:.0%} busy"
 
 
 PREDICTORS = {"local": _local, "hfdt": _hfdt, "ssgd": _ssgd, "adsp": _adsp, "ashl": _ashl,
