@@ -112,6 +112,10 @@ def run_training_cell(spec: dict) -> list:
     results: list[FitResult] = []
 
     def handler(request):
+        if spec["options"].get("plan_limit"):  # the planner's short run: the first samples only
+            from .planner.short_runs import limit_request
+
+            limit_request(request, spec["options"]["plan_limit"], spec["options"].get("plan_epochs"))
         history = worker.fit(request)
         reporter = reporters[-1] if reporters else None
         timings = {"cell_start": spec.get("cell_start"), "engine_start": started,

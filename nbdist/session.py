@@ -370,6 +370,8 @@ class Session:
         strategy = strategy or self._strategy_for(cell, options)
         cluster = self.require_cluster()
         workers = self._choose_workers(strategy, cluster, options)
+        if options.get("plan_samples"):  # a planner's short run: each engine cuts what it holds (a shard, or all)
+            strategy.values["plan_limit"] = options["plan_samples"] // (len(workers) if strategy.array_shards() else 1)
         cluster.refresh(workers)
         self.sync_definitions(workers, empty_weights=strategy.fills_own_part)
         items = [] if options.get("no_bring") else self.bring_plan(cell)  # a refusal comes before any work

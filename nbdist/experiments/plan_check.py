@@ -2,10 +2,13 @@
 
     python -m nbdist.experiments plan-check --setup H1 --step 1.58326ms+37.4714us/sample --samples 8000
 
-Each strategy of the set-up trains `--epochs` epochs on the virtual clock (the set-up's speeds and
-links, one step cost for all) and its last epoch's virtual seconds are compared with the planner's
-prediction from the same costs. Prints a table, then `RESULT plan_epoch_time_error_max` (the worst
-relative error) and `RESULT plan_epoch_rank_tau` (Kendall's tau of the two orderings by epoch time).
+The planner plans the set-up's simulated cluster as `--strategy auto` would (its epoch times, and its
+short runs for the accuracy part, seed 0); then each strategy trains `--epochs` epochs on the virtual
+clock (the set-up's speeds and links, one step cost for all; seed 1). Prints a table of predicted
+against measured last-epoch seconds and seconds to the plan's target, then `RESULT
+plan_epoch_time_error_max_<setup>` (the worst relative error), `RESULT plan_rank_tau_<setup>`
+(Kendall's tau of the orderings by time to target) and `RESULT auto_regret_<setup>` (the measured time
+to target of the plan's first choice over the soonest measured, less 1).
 """
 
 from __future__ import annotations
@@ -15,10 +18,9 @@ import sys
 
 from ..hetero import StepCost, parse_simulate
 from ..planner.costs import ClusterCosts
-from ..planner.plan import kendall_tau
-from ..planner.predict import predict
-from .cells import DATA, MODELS, SETUPS
-from .grid import parse_rows, run_grid
+from ..planner.plan import crossing, kendall_tau, make_plan
+from .cells import DATA, MODELS, SETUPS, TRAIN
+from .grid import notebook_shell, parse_rows, run_one
 
 STRATEGIES = "local,hfdt:scale-lr=none,hfdt:balance=auto:scale-lr=none,ssgd,nfdt,ddc-asgd,adsp,ashl"
 
@@ -28,8 +30,8 @@ def parse_args(argv):
     parser.add_argument("--setup", required=True, choices=sorted(SETUPS))
     parser.add_argument("--step", required=True, help="the virtual clock's step cost, e.g. 1.58326ms+37.4714us/sample")
     parser.add_argument("--strategies", default=STRATEGIES)
-    parser.add_argument("--samples", type=int, default=8000)
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--samples", type=int, default=4000)
+    parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--scaling", help="only predict, at these worker counts (4,16,64,128): the set-up's speeds "
                                           "repeated, links as --link, the PS as --ps-message; runs nothing")
@@ -88,28 +90,62 @@ def plan_check(argv: list[str] | None = None) -> list[dict]:
         print(scaling_check(args))
         return []
     rows = parse_rows(args.strategies)
-    costs = cluster_costs(args)
-    results = run_grid(args, rows)
-    table = []
-    for row, result in zip(rows, results):
-        predicted = predict(row.strategy, costs, row.options)
-        last = predicted.per_epoch[-1] if predicted.per_epoch else None
-        measured = last_epoch_s(result)
-        error = abs(last - measured) / measured if last and measured else None
-        table.append({"label": row.label, "predicted_s": last, "measured_s": measured, "error": error,
-                      "reason": predicted.reason or predicted.refused, "failed": result["error"]})
+    plan = make_plan(cluster_costs(args), [(row.strategy, row.options) for row in rows])
+    curves, results = run_check(args, rows, plan)
+    plan.add_curves(curves)
+    table = [_compare(plan, prediction, result) for prediction, result in zip(plan.predictions, results)]
+    _print(args, plan, table)
+    return table
+
+
+def run_check(args, rows, plan) -> tuple[dict, list[dict]]:
+    """On one cluster: the planner's short runs (seed 0), then every row's full run (seed 1) on the virtual clock."""
+    from ..planner import short_runs
+
+    shell, session = notebook_shell()
+    shell.run_line_magic("dist", f"start -n {args.workers}")
+    try:
+        shell.run_cell_magic("distribute", "define --name experiment-data",
+                             DATA.format(samples=args.samples) + MODELS[args.model].format(hidden=args.hidden))
+        cell = TRAIN.format(lr=args.lr, momentum=args.momentum, batch=args.batch, epochs=args.epochs)
+        curves = short_runs.curves(session, cell, {"seed": 0}, plan)
+        results = [run_one(shell, session, row, args, seed=1) for row in rows]
+    finally:
+        shell.run_line_magic("dist", "stop")
+    return curves, results
+
+
+def _compare(plan, predicted, result: dict) -> dict:
+    last = predicted.per_epoch[-1] if predicted.per_epoch else None
+    measured = last_epoch_s(result)
+    curve = result["curve"]
+    return {"label": predicted.label, "predicted_s": last, "measured_s": measured,
+            "error": abs(last - measured) / measured if last and measured else None,
+            "predicted_ttt": plan.time_to_target(predicted),
+            "measured_ttt": crossing(curve["t"], curve["val_accuracy"], plan.target),
+            "reason": predicted.reason or predicted.refused, "failed": result["error"]}
+
+
+def _print(args, plan, table: list[dict]) -> None:
     print(f"\n{args.setup}: {args.workers} workers, {args.samples} samples, batch {args.batch}, step {args.step}, "
-          f"epoch {args.epochs} of {args.epochs} measured\n")
-    print("| strategy | predicted epoch s | measured epoch s (virtual) | error | why |\n|---|---|---|---|---|")
+          f"{args.epochs} epochs (the last one's time compared); target {plan.target:.4f} (the short local run's "
+          "best less a point)\n")
+    print("| strategy | predicted epoch s | measured epoch s (virtual) | error | predicted s to target | "
+          "measured s to target | why |\n|---|---|---|---|---|---|---|")
     for r in table:
-        print(f"| {r['label']} | {_num(r['predicted_s'])} | {_num(r['measured_s'])} | "
-              f"{_pct(r['error'])} | {r['reason']}"
+        print(f"| {r['label']} | {_num(r['predicted_s'])} | {_num(r['measured_s'])} | {_pct(r['error'])} | "
+              f"{_num(r['predicted_ttt'])} | {_num(r['measured_ttt'])} | {r['reason']}"
               + (f" [failed: {r['failed']}]" if r["failed"] else "") + " |")
     scored = [r for r in table if r["error"] is not None]
-    tau = kendall_tau([r["predicted_s"] for r in scored], [r["measured_s"] for r in scored])
+    never = float("inf")
+    tau = kendall_tau([r["predicted_ttt"] or never for r in table], [r["measured_ttt"] or never for r in table])
+    measured = {r["label"]: r["measured_ttt"] for r in table if r["measured_ttt"] is not None}
+    chosen = plan.choice.label
+    regret = (measured[chosen] / min(measured.values()) - 1) if chosen in measured else never
+    print(f"\nauto's choice: {chosen}; measured soonest: {min(measured, key=measured.get) if measured else '-'}")
     print(f"RESULT plan_epoch_time_error_max_{args.setup}={max(r['error'] for r in scored):.3f}")
-    print(f"RESULT plan_epoch_rank_tau_{args.setup}={tau:.3f}")
-    return table
+    print(f"RESULT plan_rank_tau_{args.setup}={tau:.3f}")
+    print(f"RESULT auto_regret_{args.setup}={regret:.3f}")
 
 
 def _pct(value) -> str:

@@ -73,8 +73,12 @@ def costs_from(measured: list[dict], simulate: str | None) -> ClusterCosts:
 
 
 def plan(session, cell: str, options: dict) -> Plan:
-    """Measure, then predict every strategy."""
-    return make_plan(measure(session, cell, options), candidates())
+    """Measure, predict every strategy, and run each a short while on the virtual clock for its accuracy."""
+    from . import short_runs
+
+    made = make_plan(measure(session, cell, options), candidates())
+    made.add_curves(short_runs.curves(session, cell, options, made))
+    return made
 
 
 def chosen_options(plan: Plan, options: dict) -> tuple[dict, list[str]]:

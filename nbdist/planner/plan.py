@@ -15,19 +15,43 @@ EFFICIENT = 0.5  # a strategy scales while N workers are at least half as fast a
 
 @dataclass
 class Plan:
-    """Predictions for one cluster, fastest first; refused strategies last, with their reasons."""
+    """Predictions for one cluster, soonest to the target first (fastest epoch without accuracy curves);
+    strategies that did not reach it next; refused strategies last, with their reasons."""
 
     costs: ClusterCosts
     predictions: list[Prediction] = field(default_factory=list)
+    curves: dict = field(default_factory=dict)  # label -> a short run's {"accuracy": [...], "samples"} or {"error"}
+    target: float | None = None
+
+    def add_curves(self, curves: dict, target: float | None = None, below_best: float = 0.01) -> None:
+        """The short runs' accuracy curves; the target by default the best short local accuracy less a point."""
+        self.curves = curves
+        local = next((c for label, c in curves.items() if label == "local" and c.get("accuracy")), None)
+        self.target = target if target is not None else (max(local["accuracy"]) - below_best if local else None)
+
+    def time_to_target(self, p: Prediction) -> float | None:
+        """Predicted seconds until `p` reaches the target: the samples its short run took, at its predicted speed."""
+        curve = self.curves.get(p.label) or {}
+        reached = crossing(list(range(1, len(curve.get("accuracy") or []) + 1)), curve.get("accuracy") or [],
+                           self.target)
+        if reached is None or p.epoch_s is None:
+            return None
+        epochs = reached * curve["samples"] / self.costs.samples  # full epochs' worth of samples
+        per = list(p.per_epoch) + [p.per_epoch[-1]] * (int(epochs) + 1)
+        return sum(per[:int(epochs)]) + (epochs - int(epochs)) * per[int(epochs)]
 
     @property
     def ranked(self) -> list[Prediction]:
         planned = [p for p in self.predictions if p.refused is None]
-        best = min((p.epoch_s for p in planned), default=0.0)
+        seconds = {p.label: self.time_to_target(p) if self.target is not None else p.epoch_s for p in planned}
+        best = min((s for s in seconds.values() if s is not None), default=0.0)
 
         def key(p: Prediction):
-            bucket = round((p.epoch_s - best) / (TIE * best)) if best > 0 else 0
-            return bucket, _preference(p.strategy), p.epoch_s
+            mine = seconds[p.label]
+            if mine is None:  # did not reach the target in its short run: after those that did, by epoch time
+                return 1, 0, 0, p.epoch_s
+            bucket = round((mine - best) / (TIE * best)) if best > 0 else 0
+            return 0, bucket, _preference(p.strategy), mine
 
         return sorted(planned, key=key) + [p for p in self.predictions if p.refused is not None]
 
@@ -38,20 +62,61 @@ class Plan:
     def table(self) -> str:
         """The ranked table as text (what `%dist plan` prints)."""
         local = next((p.epoch_s for p in self.predictions if p.strategy == "local" and p.epoch_s), None)
-        lines = [f"{'':>2} {'strategy':<26} {'workers':>7} {'epoch s':>9} {'vs local':>8}  why"]
+        target = f"to {self.target:.3f} s" if self.target is not None else "to target"
+        lines = [f"{'':>2} {'strategy':<26} {'workers':>7} {'epoch s':>9} {'vs local':>8} {target:>12} "
+                 f"{'short acc':>9}  why"]
         for place, p in enumerate(self.ranked, 1):
             if p.refused:
-                lines.append(f"{'-':>2} {p.label:<26} {p.workers:>7} {'-':>9} {'-':>8}  refused: {p.refused}")
+                lines.append(f"{'-':>2} {p.label:<26} {p.workers:>7} {'-':>9} {'-':>8} {'-':>12} {'-':>9}  "
+                             f"refused: {p.refused}")
                 continue
             speedup = f"{local / p.epoch_s:.2f}x" if local else "-"
-            lines.append(f"{place:>2} {p.label:<26} {p.workers:>7} {p.epoch_s:>9.3f} {speedup:>8}  {p.reason}")
-        return "\n".join([*lines, *(f"note: {note}" for note in self.costs.notes)])
+            reach, accuracy, why = self._accuracy_cells(p)
+            lines.append(f"{place:>2} {p.label:<26} {p.workers:>7} {p.epoch_s:>9.3f} {speedup:>8} {reach:>12} "
+                         f"{accuracy:>9}  {why}{p.reason}")
+        notes = list(self.costs.notes)
+        if self.curves:
+            samples = {c["samples"] for c in self.curves.values() if "samples" in c}
+            notes.append(f"accuracy: short runs on the virtual clock with these speeds, on the first "
+                         f"{'/'.join(map(str, sorted(samples)))} of {self.costs.samples} samples, one seed; "
+                         "the target is the best short local accuracy less a point")
+        return "\n".join([*lines, *(f"note: {note}" for note in notes)])
+
+    def _accuracy_cells(self, p: Prediction) -> tuple[str, str, str]:
+        curve = self.curves.get(p.label)
+        if not curve:
+            return "-", "-", ""
+        if "error" in curve:
+            return "-", "-", f"its short run failed ({curve['error']}); "
+        seconds, accuracy = self.time_to_target(p), max(curve["accuracy"], default=float("nan"))
+        if seconds is None:
+            return "not reached", f"{accuracy:.3f}", ""
+        return f"{seconds:.3f}", f"{accuracy:.3f}", ""
 
     def choice_line(self) -> str:
         p = self.choice
         runner_up = next((q for q in self.ranked[1:] if q.refused is None), None)
+        mine = self.time_to_target(p) if self.target is not None else None
+        if mine is not None:
+            theirs = self.time_to_target(runner_up) if runner_up else None
+            than = f", {theirs / mine:.2f}x sooner than {runner_up.label}" if theirs else \
+                (f"; {runner_up.label} next, which did not reach it" if runner_up else "")
+            return (f"auto chose {p.label} on {p.workers} engine(s): predicted {mine:.2f} s to accuracy "
+                    f"{self.target:.3f} ({p.epoch_s:.2f} s an epoch){than} ({p.reason})")
         than = f", {runner_up.epoch_s / p.epoch_s:.2f}x faster than {runner_up.label}" if runner_up else ""
         return f"auto chose {p.label} on {p.workers} engine(s): predicted {p.epoch_s:.2f} s an epoch{than} ({p.reason})"
+
+
+def crossing(xs: list[float], accuracy: list[float], target: float | None) -> float | None:
+    """Where a curve first reaches `target`, linear between its points (at its first point, if it starts there)."""
+    if target is None:
+        return None
+    for i, (x, a) in enumerate(zip(xs, accuracy)):
+        if a >= target:
+            if i == 0 or accuracy[i - 1] >= a:
+                return x
+            return xs[i - 1] + (x - xs[i - 1]) * (target - accuracy[i - 1]) / (a - accuracy[i - 1])
+    return None
 
 
 def make_plan(costs: ClusterCosts, strategies: list[tuple[str, dict]]) -> Plan:

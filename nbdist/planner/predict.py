@@ -93,12 +93,14 @@ def _hfdt(costs: ClusterCosts, options: dict) -> tuple[float, str]:
 
 def _ssgd(costs: ClusterCosts, options: dict) -> tuple[float, str]:
     n = costs.workers
-    steps = max(1, costs.samples // (n * costs.batch))  # the dealt remainder, less than a round, rides along
     compute = [costs.compute_s(k) for k in range(n)]
-    rounds = [c + costs.exchange_s(k) for k, c in enumerate(compute)]
     server = n * costs.server.service_s(costs.model_bytes)  # the PS answers a round's pushes one by one
-    step_s = max(rounds) + server
-    return steps * step_s, _sync_reason(costs, compute, step_s - max(compute), "PS round")
+    rounds = [c + costs.exchange_s(k) + server for k, c in enumerate(compute)]
+    full, rest = divmod(costs.samples, n * costs.batch)
+    # the epoch's last batches are dealt in rank order: the last round waits for the slowest that holds one
+    partial = max(rounds[:math.ceil(rest / costs.batch)], default=0.0)
+    step_s = max(rounds)
+    return full * step_s + partial, _sync_reason(costs, compute, step_s - max(compute), "PS round")
 
 
 def _async_ps(costs: ClusterCosts, options: dict) -> tuple[float, str]:

@@ -1,0 +1,103 @@
+"""The plan's accuracy part: each strategy's accuracy curve from a short run of the cell on the virtual clock.
+
+Every planned strategy runs the cell on the engines with the plan's speeds and links simulated
+(`--simulate "...; clock=virtual; step=..."`), on the first samples of the fit's arrays only (a few
+hundred steps in all; `limit_request` on each engine), and reports its validation accuracy (or its
+training accuracy) after each epoch. The target is the best accuracy of the short local run less
+one point; a strategy's time to it is the samples it took, at the plan's predicted speed. Curves are
+cached by the cell's digest and the plan's costs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+STEPS = 400  # steps of the cell's batch a short run trains in all, over every worker and epoch
+POINTS = 4  # accuracy measured at least this many times in a short run (its epochs over the first samples)
+VALIDATION = 2000  # validation samples a short run evaluates each epoch
+BELOW_BEST = 0.01  # the default target: the best short local accuracy less this
+_cache: dict[tuple, dict] = {}
+
+
+def short_epochs(costs) -> int:
+    return max(costs.epochs, POINTS)
+
+
+def short_samples(costs, workers: int, steps: int = STEPS) -> int:
+    """Samples of the fit's arrays a short run trains on in each of its epochs: `steps` batches in all, and no
+    more samples than the cell's own epochs train."""
+    points = short_epochs(costs)
+    per_epoch = min(steps * costs.batch, costs.samples * max(costs.epochs, 1)) // points
+    return max(costs.batch * workers, min(costs.samples, per_epoch))
+
+
+def limit_request(request, samples: int, epochs: int | None = None, validation: int = VALIDATION) -> None:
+    """On an engine: the fit's numpy arrays cut to their first `samples` (validation arrays to `validation`),
+    trained for `epochs` (accuracy is then known after each `samples`)."""
+    import numpy as np
+
+    def cut(value, n):
+        if isinstance(value, np.ndarray):
+            return value[:n]
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, np.ndarray) for v in value):
+            return type(value)(v[:n] for v in value)
+        if isinstance(value, dict) and value and all(isinstance(v, np.ndarray) for v in value.values()):
+            return {k: v[:n] for k, v in value.items()}
+        return value
+
+    args = request.args
+    for name in ("x", "y", "sample_weight"):
+        if args.get(name) is not None:
+            args[name] = cut(args[name], samples)
+    if isinstance(args.get("validation_data"), tuple):
+        args["validation_data"] = tuple(cut(v, validation) for v in args["validation_data"])
+    if epochs:
+        args["epochs"] = epochs + (args.get("initial_epoch") or 0)
+
+
+def simulate_text(costs, workers: int) -> str:
+    """The `--simulate` text that gives a short run the plan's speeds, links and step cost on the virtual clock."""
+    profiles = costs.profiles[:workers]
+    parts = [f"speed={','.join(f'{p.speed:.6g}' for p in profiles)}"]
+    if any(p.bandwidth_bps for p in profiles):  # a free link, among slower ones: a thousand times the fastest
+        free = 1000 * max(p.bandwidth_bps or 0 for p in profiles)
+        parts.append(f"bandwidth={','.join(f'{(p.bandwidth_bps or free):.6g}' for p in profiles)}")
+    if any(p.latency_s for p in profiles):
+        parts.append(f"latency={','.join(f'{p.latency_s * 1e3:.6g}ms' for p in profiles)}")
+    return "; ".join([*parts, "clock=virtual", f"step={costs.step.text()}"])
+
+
+def curves(session, cell: str, options: dict, plan) -> dict[str, dict]:
+    """{label: {"accuracy": [per epoch], "samples": short run's samples} or {"error": why}} for every planned
+    strategy, each from a short virtual run (cached)."""
+    digest = hashlib.sha256(f"{cell}\0{plan.costs}".encode()).hexdigest()
+    found = {}
+    for p in plan.predictions:
+        if p.refused is None:
+            key = (digest, p.label, options.get("seed"))
+            if key not in _cache:
+                _cache[key] = _short_run(session, cell, options, plan.costs, p)
+            found[p.label] = _cache[key]
+    return found
+
+
+def _short_run(session, cell: str, options: dict, costs, prediction) -> dict:
+    from ..strategies import COMMON_OPTIONS
+
+    samples = short_samples(costs, prediction.workers)
+    values = {o.name: options.get(o.name, o.default) for o in COMMON_OPTIONS}
+    values.update(strategy=prediction.strategy, workers=prediction.workers, progress="none", background=True,
+                  plan_only=False, seed=options.get("seed") or 0, simulate=simulate_text(costs, prediction.workers),
+                  plan_samples=samples, plan_epochs=short_epochs(costs), **prediction.options)
+    if prediction.workers == 1:
+        values["targets"] = None
+    try:
+        run = session.distribute(cell, values)
+        thread, run.thread = run.thread, None
+        thread.join()
+        thread.reraise()
+    except Exception as exc:  # a strategy that fails on this cell is a finding of the plan, not its end
+        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+    history = run.history
+    metric = "val_accuracy" if history.get("val_accuracy") else "accuracy"
+    return {"accuracy": [float(a) for a in history.get(metric, [])], "metric": metric, "samples": samples}
