@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 from nbdist.hetero import Profile, StepCost
@@ -74,6 +75,23 @@ def test_grown_clusters_repeat_the_measured_speeds_and_show_where_a_strategy_sto
     rows = {r["label"]: r for r in scaling(plan, [4, 16, 64, 128], link)}
     assert rows["asgd"]["stops"] is not None and "PS" in rows["asgd"]["why"]  # 1 ms a push serialises them
     assert rows["hfdt"]["epoch_s"][0] > rows["hfdt"]["epoch_s"][1]  # synchronous still gains from 4 to 16
+
+
+def test_a_short_run_simulates_the_plans_cluster_and_trains_on_the_first_samples():
+    from nbdist.hetero import parse_clock, parse_simulate
+    from nbdist.keras_bridge import FitRequest
+    from nbdist.planner.short_runs import limit_request, simulate_text
+
+    text = simulate_text(COSTS, 2)
+    assert parse_simulate(text, 2) == list(COSTS.profiles)
+    clock, step = parse_clock(text)
+    assert clock == "virtual" and (step.fixed_s, step.per_sample_s) == pytest.approx((2e-3, 1e-4), rel=1e-9)
+    x, y = np.arange(100.0).reshape(50, 2), np.arange(50)
+    request = FitRequest(None, {"x": x, "y": y, "validation_data": (x, y), "epochs": 1, "initial_epoch": 0,
+                                "sample_weight": None}, None)
+    limit_request(request, 8, epochs=4, validation=5)
+    assert request.args["x"].tolist() == x[:8].tolist() and request.args["y"].tolist() == list(range(8))
+    assert [len(v) for v in request.args["validation_data"]] == [5, 5] and request.args["epochs"] == 4
 
 
 def test_kendall_tau_by_hand():

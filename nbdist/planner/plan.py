@@ -48,6 +48,8 @@ class Plan:
 
         def key(p: Prediction):
             mine = seconds[p.label]
+            if "error" in self.curves.get(p.label, {}):  # failed on this cell: last of the planned
+                return 2, 0, 0, p.epoch_s
             if mine is None:  # did not reach the target in its short run: after those that did, by epoch time
                 return 1, 0, 0, p.epoch_s
             bucket = round((mine - best) / (TIE * best)) if best > 0 else 0

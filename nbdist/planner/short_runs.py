@@ -61,7 +61,7 @@ def simulate_text(costs, workers: int) -> str:
     parts = [f"speed={','.join(f'{p.speed:.6g}' for p in profiles)}"]
     if any(p.bandwidth_bps for p in profiles):  # a free link, among slower ones: a thousand times the fastest
         free = 1000 * max(p.bandwidth_bps or 0 for p in profiles)
-        parts.append(f"bandwidth={','.join(f'{(p.bandwidth_bps or free):.6g}' for p in profiles)}")
+        parts.append(f"bandwidth={','.join(f'{(p.bandwidth_bps or free) / 1e6:.6g}m' for p in profiles)}")
     if any(p.latency_s for p in profiles):
         parts.append(f"latency={','.join(f'{p.latency_s * 1e3:.6g}ms' for p in profiles)}")
     return "; ".join([*parts, "clock=virtual", f"step={costs.step.text()}"])
