@@ -98,6 +98,8 @@ def test_kendall_tau_by_hand():
     assert kendall_tau([1, 2, 3], [10, 20, 30]) == 1
     assert kendall_tau([1, 2, 3], [30, 20, 10]) == -1
     assert kendall_tau([1, 2, 3], [10, 30, 20]) == pytest.approx(1 / 3)
+    never = float("inf")  # two that never reach the target, in both orderings: agreement
+    assert kendall_tau([1, 2, never, never], [5, 6, never, never]) == 1
 
 
 @pytest.mark.cluster

@@ -131,12 +131,20 @@ def _preference(name: str) -> int:
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
-    """Kendall's tau-a of two orderings of the same items (1: the same order, -1: reversed)."""
+    """Kendall's tau-b of two orderings of the same items (1: the same order, -1: reversed); a pair tied in both
+    (two strategies that never reach the target, in the plan and in the measurement) is agreement, not a penalty."""
     pairs = [(i, j) for i in range(len(a)) for j in range(i + 1, len(a))]
-    if not pairs:
+    signs = [(_sign(a[i] - a[j]), _sign(b[i] - b[j])) for i, j in pairs if a[i] != a[j] or b[i] != b[j]]
+    if not signs:
         return 1.0
-    sign = [((a[i] > a[j]) - (a[i] < a[j])) * ((b[i] > b[j]) - (b[i] < b[j])) for i, j in pairs]
-    return sum(sign) / len(pairs)
+    untied_a, untied_b = sum(1 for x, _ in signs if x), sum(1 for _, y in signs if y)
+    if not untied_a or not untied_b:
+        return 0.0
+    return sum(x * y for x, y in signs) / (untied_a * untied_b) ** 0.5
+
+
+def _sign(x: float) -> int:
+    return (x > 0) - (x < 0)
 
 
 def scaling(plan: Plan, counts: list[int], link=None) -> list[dict]:
