@@ -86,6 +86,14 @@ def _interrupt_reported_short(run_id):
         raise KeyboardInterrupt(f"run {run_id} was interrupted on this engine") from None
 
 
+def _short_run(spec: dict, request) -> None:
+    """A planner's short run (`nbdist.planner.short_runs`) trains on the fit's first samples only."""
+    if spec["options"].get("plan_limit"):
+        from .planner.short_runs import limit_request
+
+        limit_request(request, spec["options"]["plan_limit"], spec["options"].get("plan_epochs"))
+
+
 def run_training_cell(spec: dict) -> list:
     """Run the training cell with `fit` replaced by the strategy's worker; return one result per fit.
 
@@ -112,10 +120,7 @@ def run_training_cell(spec: dict) -> list:
     results: list[FitResult] = []
 
     def handler(request):
-        if spec["options"].get("plan_limit"):  # the planner's short run: the first samples only
-            from .planner.short_runs import limit_request
-
-            limit_request(request, spec["options"]["plan_limit"], spec["options"].get("plan_epochs"))
+        _short_run(spec, request)
         history = worker.fit(request)
         reporter = reporters[-1] if reporters else None
         timings = {"cell_start": spec.get("cell_start"), "engine_start": started,

@@ -150,6 +150,8 @@ class Session:
         they are)."""
         from .kept_weights import kept_of
 
+        if options.get("plan_only"):
+            raise OptionError("--plan-only prints the plan of --strategy auto; add --strategy auto, or leave it out.")
         strategy = make_strategy(options)
         for name, model in self.models_used(cell).items():
             kept = kept_of(model)
@@ -330,48 +332,26 @@ class Session:
         from .planner import auto
 
         self.last_plan = auto.plan(self, cell, options)
-        print(self.last_plan.table())
-        if options.get("plan_only"):
-            return None
-        chosen, dropped = auto.chosen_options(self.last_plan, options)
-        print(f"nbdist: {self.last_plan.choice_line()}"
-              + (f"; {', '.join(dropped)} not read by it, left out" if dropped else "") + ".")
-        return chosen
+        return auto.announce(self.last_plan, options)
 
     def plan_table(self, workers: str | None = None) -> str:
         """The last plan's table; with `workers` ("8,32,128") its predictions at those worker counts."""
-        if self.last_plan is None:
-            raise OptionError("no plan yet: run the training cell under %%distribute --strategy auto --plan-only "
-                              "(or --strategy auto) first.")
-        if not workers:
-            return self.last_plan.table()
-        from .planner.plan import scaling_table
+        from .planner.auto import plan_table
 
-        try:
-            counts = sorted({int(n) for n in workers.replace(" ", "").split(",") if n})
-        except ValueError:
-            raise OptionError(f"%dist plan --workers takes worker counts separated by commas, like 8,32,128. "
-                              f"Received: {workers}") from None
-        if not counts or counts[0] < 1:
-            raise OptionError(f"%dist plan --workers takes positive worker counts. Received: {workers}")
-        return scaling_table(self.last_plan, counts)
+        return plan_table(self.last_plan, workers)
 
     def distribute(self, cell: str, options: dict, on_progress=None, strategy=None) -> runs.Run:
         """Train the cell on the engines, then run it here with `fit` installing the results.
 
-        With `options["background"]` the training runs in a thread and this returns the Run at
-        once; `wait` blocks until it ends and installs the results. `strategy`: an instance made elsewhere
-        (the planner's profile), instead of the one `options` names.
+        With `options["background"]` the training runs in a thread and this returns the Run at once; `wait`
+        blocks until it ends and installs the results. `strategy`: one made elsewhere (the planner's profile).
         """
         if not cell.strip():
             raise OptionError("%%distribute needs a training cell below the magic line, with a model.fit(...) call.")
-        if options.get("plan_only") and options.get("strategy") != "auto":
-            raise OptionError("--plan-only prints the plan of --strategy auto; add --strategy auto, or leave it out.")
         strategy = strategy or self._strategy_for(cell, options)
         cluster = self.require_cluster()
         workers = self._choose_workers(strategy, cluster, options)
-        if options.get("plan_samples"):  # a planner's short run: each engine cuts what it holds (a shard, or all)
-            strategy.values["plan_limit"] = options["plan_samples"] // (len(workers) if strategy.array_shards() else 1)
+        strategy.values["plan_limit"] = _short_run_share(options.get("plan_samples"), strategy, workers)
         cluster.refresh(workers)
         self.sync_definitions(workers, empty_weights=strategy.fills_own_part)
         items = [] if options.get("no_bring") else self.bring_plan(cell)  # a refusal comes before any work
@@ -390,8 +370,7 @@ class Session:
         run.display = progress
 
         def tick(run):
-            if progress is not None:
-                progress(run)
+            (progress or (lambda _run: None))(run)
             self.changed("progress")
 
         def train():
@@ -453,6 +432,11 @@ class Session:
             print(f"nbdist: {line}.")
         for note in run.notes:
             print(note)
+        if run.options.get("planned_epoch_s"):
+            from .planner.auto import against_plan
+
+            if line := against_plan(run):
+                print(f"nbdist: {line}.")
         if run.virtual_step:
             print(f"nbdist: virtual clock: a step at speed 1 costs {run.virtual_step}; --simulate \"...; "
                   f"clock=virtual; step={run.virtual_step}\" reproduces this run.")
@@ -485,6 +469,13 @@ class Session:
         if not outcome.success:
             raise NbdistError(f"run {run.id} trained on the engines, but the cell failed here (see above); "
                               f"its results are in nbdist.last_run.")
+
+
+def _short_run_share(samples: int | None, strategy, workers: list[int]) -> int | None:
+    """A planner's short run: the samples each engine keeps of what it holds (its shard, or all the arrays)."""
+    if not samples:
+        return None
+    return samples // len(workers) if strategy.array_shards() else samples
 
 
 def _parse_targets(text: str | None) -> list[int] | None:

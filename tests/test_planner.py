@@ -118,12 +118,13 @@ def test_plan_only_measures_the_engines_lists_refusals_and_trains_nothing(kernel
 @pytest.mark.cluster
 def test_strategy_auto_on_two_engines_trains_and_names_its_choice(kernel):
     cell = "%%distribute --strategy auto --seed 3 --simulate 'speed=1,0.25; clock=virtual; step=2ms'\n"
-    reply = kernel.run(cell + TRAIN.format(epochs=1), timeout=240).check()
+    reply = kernel.run(cell + TRAIN.format(epochs=2), timeout=300).check()
     chosen = re.search(r"auto chose (\S+?)(?::\S+)? on (\d) engine", reply.stdout)
     assert chosen, reply.stdout
     run = kernel.value("{'strategy': nbdist.last_run.strategy, 'status': nbdist.last_run.status, "
                        "'epochs': len(history.history['loss'])}")
-    assert run == {"strategy": chosen.group(1), "status": "done", "epochs": 1}  # the cell's own epochs, all data
+    assert run == {"strategy": chosen.group(1), "status": "done", "epochs": 2}  # the cell's own epochs, all data
+    assert re.search(r"the plan predicted [0-9.]+ s an epoch for \S+; it took [0-9.]+ s", reply.stdout)
     first = re.search(r"^ *1 (\S+) ", reply.stdout, re.M).group(1)  # the table's first row is what it chose
     assert first.split(":")[0] == chosen.group(1)
     assert re.search(r"to 0\.\d{3} s", reply.stdout)  # the accuracy part: a target from the short local run

@@ -90,7 +90,7 @@ def chosen_options(plan: Plan, options: dict) -> tuple[dict, list[str]]:
     own = strategy_options()
     dropped = [own[k].flag for k, v in options.items() if k in own and k not in reads and v != own[k].default]
     chosen = {k: v for k, v in options.items() if k not in own or k in reads}
-    chosen.update(strategy=choice.strategy, plan_only=False, **choice.options)
+    chosen.update(strategy=choice.strategy, plan_only=False, planned_epoch_s=choice.epoch_s, **choice.options)
     if choice.workers == 1:  # local: one engine, the first of those given, as the first worker simulated
         targets = str(options.get("targets") or "").split(",")[0] or None
         chosen.update(workers=None if targets else 1, targets=targets, simulate=_first_worker(options.get("simulate")))
@@ -103,3 +103,49 @@ def _first_worker(simulate: str | None) -> str | None:
         return simulate
     parts = [p.strip() for p in simulate.split(";") if p.strip()]
     return "; ".join(p if p.split("=")[0].strip() in ("clock", "step") else p.split(",")[0] for p in parts)
+
+
+def against_plan(run) -> str | None:
+    """For a run `--strategy auto` chose: its measured seconds an epoch (after the first, which includes start-up
+    and tracing; virtual seconds on the virtual clock) beside the plan's prediction."""
+    planned = run.options.get("planned_epoch_s")
+    records = run.fits[-1].records if run.fits else []
+    ends = {}
+    for record in records:
+        ends[record["epoch"]] = record["t"]
+    if not planned or len(ends) < 2:
+        return None
+    times = [ends[e] for e in sorted(ends)]
+    measured = (times[-1] - times[0]) / (len(times) - 1)
+    return (f"the plan predicted {planned:.3g} s an epoch for {run.strategy}; it took {measured:.3g} s an epoch "
+            f"after the first ({measured / planned - 1:+.0%})")
+
+
+def announce(plan: Plan, options: dict) -> dict | None:
+    """Print the plan; with `--plan-only` stop there (None), else print the choice and return its options."""
+    print(plan.table())
+    if options.get("plan_only"):
+        return None
+    chosen, dropped = chosen_options(plan, options)
+    print(f"nbdist: {plan.choice_line()}" + (f"; {', '.join(dropped)} not read by it, left out" if dropped else "")
+          + ".")
+    return chosen
+
+
+def plan_table(plan: Plan | None, workers: str | None = None) -> str:
+    """`%dist plan`: the plan's table; with `workers` ("8,32,128") its predictions at those worker counts."""
+    from .plan import scaling_table
+
+    if plan is None:
+        raise OptionError("no plan yet: run the training cell under %%distribute --strategy auto --plan-only "
+                          "(or --strategy auto) first.")
+    if not workers:
+        return plan.table()
+    try:
+        counts = sorted({int(n) for n in workers.replace(" ", "").split(",") if n})
+    except ValueError:
+        raise OptionError(f"%dist plan --workers takes worker counts separated by commas, like 8,32,128. "
+                          f"Received: {workers}") from None
+    if not counts or counts[0] < 1:
+        raise OptionError(f"%dist plan --workers takes positive worker counts. Received: {workers}")
+    return scaling_table(plan, counts)

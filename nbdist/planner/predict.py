@@ -99,7 +99,8 @@ def _ssgd(costs: ClusterCosts, options: dict) -> tuple[float, str]:
     full, rest = divmod(costs.samples, n * costs.batch)
     # the epoch's last batches are dealt in rank order: the last round waits for the slowest that holds one
     partial = max(rounds[:math.ceil(rest / costs.batch)], default=0.0)
-    step_s = max(rounds)
+    host = costs.server.host_bandwidth_bps  # every push and reply of a round crosses the PS host's link
+    step_s = max(max(rounds), n * 2 * costs.model_bytes * 8 / host if host else 0.0)
     return full * step_s + partial, _sync_reason(costs, compute, step_s - max(compute), "PS round")
 
 
