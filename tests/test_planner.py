@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from nbdist.hetero import Profile, StepCost
+from nbdist.planner.chart import plan_figure
 from nbdist.planner.costs import ClusterCosts, ServerCosts
 from nbdist.planner.plan import kendall_tau, make_plan, scaling
 from nbdist.planner.predict import predict
@@ -65,6 +66,19 @@ def test_the_plan_ranks_by_epoch_time_prefers_the_synchronous_strategy_on_a_tie_
     assert [p.strategy for p in plan.ranked] == ["hfdt", "asgd", "local", "pipeline"]
     assert plan.choice_line().startswith("auto chose hfdt on 2 engine(s): predicted ")
     assert re.search(r"^ *- pipeline .* refused: not planned", plan.table(), re.M)
+
+
+def test_time_to_target_is_the_short_runs_samples_at_the_predicted_speed_by_hand():
+    plan = make_plan(COSTS, [("local", {}), ("hfdt", {})])
+    plan.add_curves({"local": {"accuracy": [0.5, 0.7, 0.9], "samples": 160},
+                     "hfdt": {"accuracy": [0.4, 0.6, 0.85], "samples": 160}}, target=0.8)
+    local, hfdt = plan.predictions
+    # local crosses 0.8 halfway between its 2nd and 3rd short epochs: 2.5 x 160 = 400 of 640 samples
+    assert plan.time_to_target(local) == pytest.approx(400 / 640 * local.epoch_s)
+    assert plan.time_to_target(hfdt) == pytest.approx((2 + 0.2 / 0.25) * 160 / 640 * hfdt.epoch_s)
+    figure = plan_figure(plan)
+    assert [trace.name for trace in figure.data] == [p.label for p in plan.ranked]
+    assert list(figure.data[0].x) == pytest.approx([e * 160 / 640 * plan.ranked[0].epoch_s for e in (1, 2, 3)])
 
 
 def test_grown_clusters_repeat_the_measured_speeds_and_show_where_a_strategy_stops_scaling():

@@ -1,4 +1,4 @@
-"""The plan as a plotly figure: each planned strategy's predicted epoch time, fastest first, with why."""
+"""The plan as a plotly figure: each strategy's short-run accuracy against its predicted time, with the target."""
 
 from __future__ import annotations
 
@@ -6,12 +6,21 @@ from .plan import Plan
 
 
 def plan_figure(plan: Plan):
-    """A horizontal bar per planned strategy (predicted epoch seconds), its reason on hover; refusals left out."""
+    """One line per planned strategy whose short run gave a curve (accuracy after each of its epochs, at the
+    time the plan predicts it would have trained those samples), the target as a dashed line."""
     import plotly.graph_objects as go
 
-    planned = [p for p in plan.ranked if p.refused is None][::-1]  # plotly draws the first bar at the bottom
-    figure = go.Figure(go.Bar(x=[p.epoch_s for p in planned], y=[f"{p.label} ({p.workers})" for p in planned],
-                              orientation="h", hovertext=[p.reason for p in planned], hoverinfo="x+text"))
-    figure.update_layout(title="Predicted seconds per epoch (fastest on top)", xaxis_title="seconds per epoch",
-                         height=120 + 28 * len(planned), margin=dict(l=10, r=10, t=40, b=40))
+    figure = go.Figure()
+    for p in plan.ranked:
+        curve = plan.curves.get(p.label) or {}
+        if p.refused is not None or not curve.get("accuracy"):
+            continue
+        times = [plan.seconds_at(p, e * curve["samples"]) for e in range(1, len(curve["accuracy"]) + 1)]
+        figure.add_trace(go.Scatter(x=times, y=curve["accuracy"], mode="lines+markers", name=p.label,
+                                    hovertext=p.reason))
+    if plan.target is not None:
+        figure.add_hline(y=plan.target, line_dash="dash", annotation_text=f"target {plan.target:.3f}")
+    figure.update_layout(title="Predicted accuracy against predicted time (short runs, virtual clock)",
+                         xaxis_title="predicted seconds", yaxis_title="accuracy", height=420,
+                         margin=dict(l=10, r=10, t=40, b=40))
     return figure

@@ -36,7 +36,11 @@ class Plan:
                            self.target)
         if reached is None or p.epoch_s is None:
             return None
-        epochs = reached * curve["samples"] / self.costs.samples  # full epochs' worth of samples
+        return self.seconds_at(p, reached * curve["samples"])
+
+    def seconds_at(self, p: Prediction, samples: float) -> float:
+        """Predicted seconds until `p` has trained `samples` samples (its epochs' predicted times, in order)."""
+        epochs = samples / self.costs.samples
         per = list(p.per_epoch) + [p.per_epoch[-1]] * (int(epochs) + 1)
         return sum(per[:int(epochs)]) + (epochs - int(epochs)) * per[int(epochs)]
 
