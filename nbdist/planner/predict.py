@@ -155,10 +155,14 @@ def _adsp_commit(costs: ClusterCosts, worker: int, state: dict, per_trial: int) 
     state["t"] += costs.exchange_s(worker)
     state["commits"] += 1
     state["trial"] = (state["trial"][0], state["trial"][1] + state["since"])
+    state["done"] = state.get("done", 0) + state["since"]
     state["since"] = 0
     if state["commits"] % per_trial == 0:
         started, trained = state["trial"]
-        state["search"].report(trained * costs.batch / max(state["t"] - started, 1e-12))
+        # the loss falls less per sample as training goes on (as 1 / (1 + epochs done)): a later, longer
+        # interval must make up for that as well
+        epochs_done = state["done"] * costs.batch * costs.workers / costs.samples
+        state["search"].report(trained * costs.batch / max(state["t"] - started, 1e-12) / (1 + epochs_done))
         state["trial"] = (state["t"], 0)
 
 
