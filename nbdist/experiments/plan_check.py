@@ -38,6 +38,7 @@ def parse_args(argv):
     parser.add_argument("--below-best", default="0.01,0.05",
                         help="targets: the short local run's best accuracy less each of these (the plan's own is 0.01)")
     parser.add_argument("--out", help="write the plan's curves and the measured runs to this JSON file")
+    parser.add_argument("--measured", help="a JSON file --out wrote: predict again against its runs, run nothing")
     parser.add_argument("--scaling", help="only predict, at these worker counts (4,16,64,128): the set-up's speeds "
                                           "repeated, links as --link, the PS as --ps-message; runs nothing")
     parser.add_argument("--link", default="10g,50us", help="--scaling: every worker's link, bandwidth,latency")
@@ -96,7 +97,11 @@ def plan_check(argv: list[str] | None = None) -> list[dict]:
         return []
     rows = parse_rows(args.strategies)
     plan = make_plan(cluster_costs(args), [(row.strategy, row.options) for row in rows])
-    curves, results = run_check(args, rows, plan)
+    if args.measured:
+        stored = json.loads(Path(args.measured).read_text())
+        curves, results = stored["curves"], stored["results"]
+    else:
+        curves, results = run_check(args, rows, plan)
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "curves": curves, "results": results}, default=str))
     tables = []
