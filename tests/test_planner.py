@@ -108,6 +108,17 @@ def test_a_short_run_simulates_the_plans_cluster_and_trains_on_the_first_samples
     assert [len(v) for v in request.args["validation_data"]] == [5, 5] and request.args["epochs"] == 4
 
 
+def test_auto_trains_its_choice_on_the_engines_it_planned_with():
+    from nbdist.planner.auto import chosen_options
+
+    options = {"strategy": "auto", "simulate": "speed=1,0.5; clock=virtual", "workers": None, "targets": None}
+    chosen, dropped = chosen_options(make_plan(COSTS, [("hfdt", {})]), options)
+    assert (chosen["strategy"], chosen["workers"], dropped) == ("hfdt", 2, [])  # not every idle engine
+    # local (0.104 s an epoch against hfdt's 0.204): one engine, simulated as the first worker
+    chosen, _ = chosen_options(make_plan(COSTS, [("local", {}), ("hfdt", {})]), options)
+    assert (chosen["strategy"], chosen["workers"], chosen["simulate"]) == ("local", 1, "speed=1; clock=virtual")
+
+
 def test_kendall_tau_by_hand():
     assert kendall_tau([1, 2, 3], [10, 20, 30]) == 1
     assert kendall_tau([1, 2, 3], [30, 20, 10]) == -1

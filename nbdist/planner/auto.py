@@ -32,6 +32,8 @@ def measure(session, cell: str, options: dict) -> ClusterCosts:
 
     values = {o.name: options.get(o.name, o.default) for o in COMMON_OPTIONS}
     values.update(strategy="profile", progress="none", background=True, plan_only=False)
+    if not values.get("workers") and not values.get("targets"):  # as many engines as --simulate describes
+        values["workers"] = _simulated_workers(options.get("simulate"))
     run = session.distribute(cell, values, strategy=ProfileStrategy(values))
     thread, run.thread = run.thread, None
     thread.join()
@@ -91,10 +93,18 @@ def chosen_options(plan: Plan, options: dict) -> tuple[dict, list[str]]:
     dropped = [own[k].flag for k, v in options.items() if k in own and k not in reads and v != own[k].default]
     chosen = {k: v for k, v in options.items() if k not in own or k in reads}
     chosen.update(strategy=choice.strategy, plan_only=False, planned_epoch_s=choice.epoch_s, **choice.options)
+    if not options.get("targets"):
+        chosen["workers"] = choice.workers  # the engines it was planned on
     if choice.workers == 1:  # local: one engine, the first of those given, as the first worker simulated
         targets = str(options.get("targets") or "").split(",")[0] or None
         chosen.update(workers=None if targets else 1, targets=targets, simulate=_first_worker(options.get("simulate")))
     return chosen, dropped
+
+
+def _simulated_workers(simulate: str | None) -> int | None:
+    """The number of workers a `--simulate` text lists values for (None: one value for all, or no text)."""
+    counts = [len(part.split(",")) for part in (simulate or "").split(";") if "=" in part]
+    return max(counts) if counts and max(counts) > 1 else None
 
 
 def _first_worker(simulate: str | None) -> str | None:

@@ -18,7 +18,6 @@ from .costs import ClusterCosts
 
 SGD_RULES = ("dc-asgd", "dc-asgd-a", "dc-asgdk", "ddc-asgd")  # the PS applies SGD itself (`ps.delay.PRESETS`)
 ASYNC_PS = ("nfdt", "asgd", *SGD_RULES)
-ADSP_INTERVAL = 4  # ADSP's first commit interval (`strategies.adsp.START_INTERVAL`); its search moves it
 COMPENSATED_STALENESS = 16  # the most workers the delay rules were measured with (docs/results.md, S4)
 MODEL_PARALLEL = ("pipeline", "tensor")
 
