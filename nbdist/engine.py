@@ -89,9 +89,11 @@ def _interrupt_reported_short(run_id):
 def _short_run(spec: dict, request) -> None:
     """A planner's short run (`nbdist.planner.short_runs`) trains on the fit's first samples only."""
     if spec["options"].get("plan_limit"):
-        from .planner.short_runs import limit_request
+        from .planner.short_runs import VALIDATION, limit_request
 
-        limit_request(request, spec["options"]["plan_limit"], spec["options"].get("plan_epochs"))
+        options = spec["options"]
+        limit_request(request, options["plan_limit"], options.get("plan_epochs"),
+                      options.get("plan_validation", VALIDATION))
 
 
 def run_training_cell(spec: dict) -> list:

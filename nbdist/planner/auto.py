@@ -3,16 +3,19 @@
 The measuring is a `profile` run (`strategies.profile`): each engine times the cell's step at its
 batch and twice it. On the virtual clock (`--simulate "...; clock=virtual"`) the speeds and links
 are the ones given; on the real clock each engine's speed is its measured step time against the
-fastest engine's, and what was not measured (the links of a local cluster, the PS's cost per
-message) is said in the plan's notes with the value assumed instead.
+fastest engine's, and short real runs measure what a step adds to it: Keras' loop, Horovod's
+allreduce, a push-pull over nbdist's wire (`calibrate`). The PS's cost per message, which bounds
+the asynchronous strategies at scale, is taken as measured on loopback, and the plan's notes say so.
 """
 
 from __future__ import annotations
 
 from ..errors import OptionError
 from ..hetero import Profile, StepCost, parse_clock, parse_simulate
+from .calibrate import steady_epoch_s
 from .costs import ClusterCosts, ServerCosts
 from .plan import Plan, make_plan
+from .short_runs import first_worker_simulate
 
 PS_MESSAGE_S = 1e-3  # one push-pull's fixed cost on this machine's loopback (docs/benchmarks.md, ps_vs_raw_zmq_225k)
 VARIANTS = {"hfdt": ({}, {"balance": "auto"})}  # strategies planned with more than their defaults
@@ -41,7 +44,12 @@ def measure(session, cell: str, options: dict) -> ClusterCosts:
     measured = [run.results[eid][0].timings["plan_profile"] for eid in run.workers if run.results.get(eid)]
     if not measured:
         raise OptionError(f"the planner's profile run {run.id} measured no engine (see %dist runs); run it again.")
-    return costs_from(measured, options.get("simulate"))
+    costs = costs_from(measured, options.get("simulate"))
+    if parse_clock(options.get("simulate"))[0] == "virtual":
+        return costs
+    from .calibrate import measured as measured_in_place
+
+    return measured_in_place(session, cell, options, costs, [eid for eid in run.workers if run.results.get(eid)])
 
 
 def costs_from(measured: list[dict], simulate: str | None) -> ClusterCosts:
@@ -62,9 +70,6 @@ def costs_from(measured: list[dict], simulate: str | None) -> ClusterCosts:
         server = ServerCosts(message_s=PS_MESSAGE_S)
         notes.append(f"the PS's cost per message is taken as {PS_MESSAGE_S * 1e3:g} ms (measured on loopback, "
                      "docs/benchmarks.md), not measured on this cluster")
-        if not any(p.bandwidth_bps or p.latency_s for p in simulated):
-            notes.append("links not measured: taken as free (a local cluster's loopback); on hosts apart, give "
-                         "--simulate 'bandwidth=...; latency=...'")
     profiles = tuple(Profile(speed=s, bandwidth_bps=p.bandwidth_bps, latency_s=p.latency_s)
                      for s, p in zip(speeds, simulated))
     if first["samples"] is None:
@@ -97,7 +102,7 @@ def chosen_options(plan: Plan, options: dict) -> tuple[dict, list[str]]:
         chosen["workers"] = choice.workers  # the engines it was planned on
     if choice.workers == 1:  # local: one engine, the first of those given, as the first worker simulated
         targets = str(options.get("targets") or "").split(",")[0] or None
-        chosen.update(workers=None if targets else 1, targets=targets, simulate=_first_worker(options.get("simulate")))
+        chosen.update(workers=None if targets else 1, targets=targets, simulate=first_worker_simulate(options.get("simulate")))
     return chosen, dropped
 
 
@@ -107,26 +112,12 @@ def _simulated_workers(simulate: str | None) -> int | None:
     return max(counts) if counts and max(counts) > 1 else None
 
 
-def _first_worker(simulate: str | None) -> str | None:
-    """A `--simulate` text for one engine: each per-worker list cut to its first value."""
-    if not simulate:
-        return simulate
-    parts = [p.strip() for p in simulate.split(";") if p.strip()]
-    return "; ".join(p if p.split("=")[0].strip() in ("clock", "step") else p.split(",")[0] for p in parts)
-
-
 def against_plan(run) -> str | None:
     """For a run `--strategy auto` chose: its measured seconds an epoch (after the first, which includes start-up
     and tracing; virtual seconds on the virtual clock) beside the plan's prediction."""
-    planned = run.options.get("planned_epoch_s")
-    records = run.fits[-1].records if run.fits else []
-    ends = {}
-    for record in records:
-        ends[record["epoch"]] = record["t"]
-    if not planned or len(ends) < 2:
+    planned, measured = run.options.get("planned_epoch_s"), steady_epoch_s(run)
+    if not planned or measured is None:
         return None
-    times = [ends[e] for e in sorted(ends)]
-    measured = (times[-1] - times[0]) / (len(times) - 1)
     return (f"the plan predicted {planned:.3g} s an epoch for {run.strategy}; it took {measured:.3g} s an epoch "
             f"after the first ({measured / planned - 1:+.0%})")
 

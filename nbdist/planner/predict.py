@@ -86,7 +86,9 @@ def _hfdt(costs: ClusterCosts, options: dict) -> tuple[float, str]:
     steps = max(1, costs.samples // (n * costs.batch)) if options.get("balance") == "auto" else \
         math.ceil(costs.samples / (n * costs.batch))
     compute = [costs.compute_s(k, b) for k, b in enumerate(batches)]
-    step_s = ring_allreduce_s(list(costs.profiles), compute, costs.model_bytes)
+    ring = costs.measured.ring_s if costs.measured else None
+    step_s = max(compute) + ring if ring is not None else ring_allreduce_s(list(costs.profiles), compute,
+                                                                            costs.model_bytes)
     return steps * step_s, _sync_reason(costs, compute, step_s - max(compute), "ring allreduce")
 
 
@@ -174,7 +176,8 @@ def _ashl(costs: ClusterCosts, options: dict) -> tuple[list[float], str]:
     from ..ashl.coordinator import MIN_SHARE
     from ..ashl.switch import MIN_PROGRESS
 
-    models = [CostModel(costs.step.fixed_s / p.speed, costs.step.per_sample_s / p.speed, costs.exchange_s(k))
+    extra = costs.measured.step_extra_s if costs.measured else 0.0
+    models = [CostModel(costs.step.fixed_s / p.speed + extra, costs.step.per_sample_s / p.speed, costs.exchange_s(k))
               for k, p in enumerate(costs.profiles)]
     batches, counts, every = allocate_commits(models, costs.workers * costs.batch,
                                               b_min=max(1, math.floor(MIN_SHARE * costs.batch)))

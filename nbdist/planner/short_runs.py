@@ -32,8 +32,8 @@ def short_samples(costs, workers: int, steps: int = STEPS) -> int:
 
 
 def limit_request(request, samples: int, epochs: int | None = None, validation: int = VALIDATION) -> None:
-    """On an engine: the fit's numpy arrays cut to their first `samples` (validation arrays to `validation`),
-    trained for `epochs` (accuracy is then known after each `samples`)."""
+    """On an engine: the fit's numpy arrays cut to their first `samples` (validation arrays to `validation`;
+    0: no validation), trained for `epochs` (accuracy is then known after each `samples`)."""
     import numpy as np
 
     def cut(value, n):
@@ -49,7 +49,9 @@ def limit_request(request, samples: int, epochs: int | None = None, validation: 
     for name in ("x", "y", "sample_weight"):
         if args.get(name) is not None:
             args[name] = cut(args[name], samples)
-    if isinstance(args.get("validation_data"), tuple):
+    if validation == 0:
+        args.update(validation_data=None, validation_split=0.0)
+    elif isinstance(args.get("validation_data"), tuple):
         args["validation_data"] = tuple(cut(v, validation) for v in args["validation_data"])
     if epochs:
         args["epochs"] = epochs + (args.get("initial_epoch") or 0)
@@ -65,6 +67,14 @@ def simulate_text(costs, workers: int) -> str:
     if any(p.latency_s for p in profiles):
         parts.append(f"latency={','.join(f'{p.latency_s * 1e3:.6g}ms' for p in profiles)}")
     return "; ".join([*parts, "clock=virtual", f"step={costs.step.text()}"])
+
+
+def first_worker_simulate(simulate: str | None) -> str | None:
+    """A `--simulate` text for one engine: each per-worker list cut to its first value."""
+    if not simulate:
+        return simulate
+    parts = [p.strip() for p in simulate.split(";") if p.strip()]
+    return "; ".join(p if p.split("=")[0].strip() in ("clock", "step") else p.split(",")[0] for p in parts)
 
 
 def curves(session, cell: str, options: dict, plan) -> dict[str, dict]:
