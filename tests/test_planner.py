@@ -10,7 +10,8 @@ import pytest
 
 from nbdist.hetero import Profile, StepCost
 from nbdist.planner.chart import plan_figure
-from nbdist.planner.costs import ClusterCosts, ServerCosts
+from nbdist.planner.calibrate import solve
+from nbdist.planner.costs import ClusterCosts, MeasuredSteps, ServerCosts
 from nbdist.planner.plan import kendall_tau, make_plan, scaling
 from nbdist.planner.predict import predict
 from tests.conftest import TRAIN
@@ -46,6 +47,23 @@ def test_the_parameter_servers_cost_per_message_bounds_the_asynchronous_epoch_an
     prediction = predict("asgd", busy)
     assert prediction.epoch_s == pytest.approx(20 * 0.02)  # 20 pushes an epoch, answered one by one
     assert prediction.reason.startswith("PS saturated")
+
+
+def test_what_short_real_runs_measured_is_solved_from_each_strategys_own_epoch_by_hand():
+    free = ClusterCosts(COSTS.profiles, COSTS.step, 640, 32, 100_000, measured=MeasuredSteps(2))  # links free
+    # local took 0.124 s for 20 steps: 6.2 ms a step, 1 ms more than the profiled 5.2 ms
+    extra = solve("local", "step_extra_s", free, 0.124)
+    assert extra == pytest.approx(0.001)
+    steps = MeasuredSteps(2, step_extra_s=extra)
+    # hfdt took 0.2 s for 10 steps of the slower rank's 11.4 ms: its allreduce added 8.6 ms a step
+    ring = solve("hfdt", "ring_s", ClusterCosts(**{**vars(free), "measured": steps}), 0.2)
+    assert ring == pytest.approx(0.020 - (COMPUTE[1] + 0.001))
+    measured = ClusterCosts(**{**vars(free), "measured": MeasuredSteps(2, extra, ring, exchange_s=0.004)})
+    assert predict("hfdt", measured).epoch_s == pytest.approx(0.2)  # and predicts it back
+    cycles = [c + 0.001 + 0.004 for c in COMPUTE]  # every PS strategy's exchange is the one measured
+    assert predict("asgd", measured).epoch_s == pytest.approx(640 / sum(32 / c for c in cycles) + cycles[1] / 2)
+    assert solve("local", "step_extra_s", free, 0.05) == 0  # faster than profiled: nothing added
+    assert measured.grown(4).measured == MeasuredSteps(4, extra)  # at another size: the link model's exchanges
 
 
 def test_a_strategy_the_cell_cannot_run_is_refused_with_the_reason():
@@ -134,7 +152,10 @@ def test_plan_only_measures_the_engines_lists_refusals_and_trains_nothing(kernel
     reply = kernel.run("%%distribute --strategy auto --plan-only\n" + adam, timeout=180).check()
     assert re.search(r"^ *- ddc-asgd .* refused: an SGD rule: the cell compiled Adam", reply.stdout, re.M), reply.stdout
     assert re.search(r"^ *1 \S+ ", reply.stdout, re.M)  # a first choice, with its predicted epoch time
-    assert "links not measured" in reply.stdout  # the local cluster's loopback, said
+    for measured in ("Horovod's allreduce of the model's gradients: [0-9.]+ ms a step, measured by a short real "
+                     "run of hfdt", "nbdist's wire, the PS's service included: [0-9.]+ ms a step, measured by a "
+                     "short real run of nfdt"):  # the local cluster's own exchanges, in place
+        assert re.search(measured, reply.stdout), reply.stdout
     assert kernel.value("model is None") is True  # the cell did not run here: nothing trained, nothing installed
     scaled_out = kernel.run("%dist plan --workers 2,8", timeout=30).check().stdout
     assert "stops scaling at" in scaled_out and "hfdt" in scaled_out
