@@ -189,6 +189,20 @@ def test_a_worker_that_joins_the_run_gets_its_traces_row_and_evict_choice():
     assert "<tr><td>2</td><td>7</td>" in dashboard._node_table(dashboard.run, now=101.5)
 
 
+def test_a_run_auto_chose_shows_the_plans_epoch_beside_the_measured_one():
+    dashboard = dashboard_of("hfdt", status="running", started_at=100.0)
+    dashboard.run.options["planned_epoch_s"] = 2.0
+    assert dashboard._header(dashboard.run, now=101.0).endswith(" · planned 2 s an epoch")  # no epoch ended yet
+    for t, epoch in ((103.0, 0), (104.0, 1), (105.5, 1), (107.0, 2), (108.0, 2)):  # the first worker's records
+        dashboard.run.progress[0] = {"record": {"t": t, "epoch": epoch, "loss": 0.5}}
+        dashboard.last_t = 0.0
+        dashboard(dashboard.run)
+    # epochs end at 103, 105.5, 108 (the latest seen of each): 2.5 s an epoch after the first, 25 % over
+    assert dashboard._header(dashboard.run, now=108.0).endswith(" · planned 2 s an epoch, measured 2.5 (+25%)")
+    plain = dashboard_of("hfdt", status="running", started_at=100.0)  # a run no plan chose: nothing planned said
+    assert "planned" not in plain._header(plain.run, now=101.0)
+
+
 def test_deaths_recoveries_and_joins_are_listed_under_the_controls_as_they_happen():
     dashboard = dashboard_of("hfdt", status="running", started_at=100.0)
     dashboard.run.events += [

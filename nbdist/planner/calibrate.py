@@ -96,9 +96,11 @@ def steady_epoch_s(run) -> float | None:
     """A run's seconds an epoch after the first (which includes start-up and tracing), from its first worker's
     records (virtual seconds on the virtual clock); None with fewer than two epochs."""
     records = run.fits[-1].records if run.fits else []
-    ends = {}
-    for record in records:
-        ends[record["epoch"]] = record["t"]
+    return seconds_an_epoch({record["epoch"]: record["t"] for record in records})
+
+
+def seconds_an_epoch(ends: dict[int, float]) -> float | None:
+    """Seconds an epoch after the first, from each epoch's last time {epoch: t}; None with fewer than two."""
     if len(ends) < 2:
         return None
     times = [ends[e] for e in sorted(ends)]

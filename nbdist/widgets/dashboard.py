@@ -65,6 +65,7 @@ class Dashboard:
         # drawn on the loss panel, and (when the strategy reports throughput) on the throughput panel
         self.overall = {"global loss": Series(), "validation loss": Series()}
         self.last_seen: dict[int, float] = {}
+        self.epoch_t: dict[int, float] = {}  # the first worker's latest time in each epoch (planned against measured)
         self.last_t = 0.0
         self.control_state: dict = {}
         self.header = widgets.HTML()
@@ -166,6 +167,8 @@ class Dashboard:
             if k is None or t is None or t <= self.last_seen.get(k, 0):
                 continue
             self.last_seen[k] = t
+            if k == 0 and record.get("epoch") is not None:
+                self.epoch_t[record["epoch"]] = t
             x = round(t - (run.started_at or self.started), 2)
             for panel in self.panels:
                 if panel.source == "records":
@@ -249,13 +252,27 @@ class Dashboard:
             elapsed = (run.ended_at or now) - (run.started_at or self.started)
         title = f"<b>run {run.id}</b> · {html.escape(run.strategy)} on {len(run.workers)} worker(s)"
         if run.status not in ("pending", "running"):
-            return f"{title} · {html.escape(ended_how(run))} · {elapsed:.1f} {unit} in all"
+            return f"{title} · {html.escape(ended_how(run))} · {elapsed:.1f} {unit} in all{self._planned(run, unit)}"
         eta = f"{elapsed * (1 - done) / done:.0f} {unit}" if done > 0.02 else "-"
         record = run.latest(0).get("record") or {}
         state = self.control_state
         phase = ("paused" if state.get("paused") else "stopping" if state.get("finishing")
                  else record.get("phase") or "train")
-        return f"{title} · phase <b>{phase}</b> · elapsed {elapsed:.0f} {unit} · ETA {eta} · {done:.0%}"
+        return (f"{title} · phase <b>{phase}</b> · elapsed {elapsed:.0f} {unit} · ETA {eta} · {done:.0%}"
+                + self._planned(run, unit))
+
+    def _planned(self, run, unit: str) -> str:
+        """For a run `--strategy auto` chose: the plan's seconds an epoch, and the measured ones after the first
+        epoch (from the whole records once the run ended)."""
+        from ..planner.calibrate import seconds_an_epoch, steady_epoch_s
+
+        planned = run.options.get("planned_epoch_s")
+        if not planned:
+            return ""
+        ended = run.status not in ("pending", "running")
+        measured = (steady_epoch_s(run) if ended else None) or seconds_an_epoch(self.epoch_t)
+        return f" · planned {planned:.3g} {unit} an epoch" + (
+            f", measured {measured:.3g} ({measured / planned - 1:+.0%})" if measured else "")
 
     def _node_table(self, run, now: float) -> str:
         rates = {k: self.series[("throughput", k)].y[-1] for k in self.workers
