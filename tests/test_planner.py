@@ -12,7 +12,7 @@ from nbdist.hetero import Profile, StepCost
 from nbdist.planner.chart import plan_figure
 from nbdist.planner.calibrate import solve
 from nbdist.planner.costs import ClusterCosts, MeasuredSteps, ServerCosts
-from nbdist.planner.plan import kendall_tau, make_plan, scaling
+from nbdist.planner.plan import kendall_tau, make_plan, scaling, trend_crossing
 from nbdist.planner.predict import predict
 from tests.conftest import TRAIN
 
@@ -135,6 +135,21 @@ def test_auto_trains_its_choice_on_the_engines_it_planned_with():
     # local (0.104 s an epoch against hfdt's 0.204): one engine, simulated as the first worker
     chosen, _ = chosen_options(make_plan(COSTS, [("local", {}), ("hfdt", {})]), options)
     assert (chosen["strategy"], chosen["workers"], chosen["simulate"]) == ("local", 1, "speed=1; clock=virtual")
+
+
+def test_a_curve_that_ends_under_the_target_reaches_it_on_its_trend_within_the_cells_training_by_hand():
+    # accuracy 0.5 + 0.1 log2(x): 0.8 at x = 8 short-run epochs
+    assert trend_crossing([1, 2, 4], [0.5, 0.6, 0.7], 0.8, limit=10) == pytest.approx(8)
+    assert trend_crossing([1, 2, 4], [0.5, 0.6, 0.7], 0.8, limit=6) is None  # past the cell's own training
+    assert trend_crossing([1, 2, 3], [0.7, 0.6, 0.5], 0.8, limit=100) is None  # falling: never
+    plan = make_plan(ClusterCosts(COSTS.profiles, COSTS.step, 640, 32, 100_000, epochs=4), [("local", {}), ("hfdt", {})])
+    plan.add_curves({"local": {"accuracy": [0.7, 0.81], "samples": 640},
+                     "hfdt": {"accuracy": [0.6, 0.7], "samples": 160}}, target=0.8)
+    hfdt = next(p for p in plan.predictions if p.strategy == "hfdt")
+    # 0.6 + 0.1 log2(x) reaches 0.8 at x = 4 short-run epochs of 160 samples: 640, one of the cell's epochs
+    assert plan.extrapolated(hfdt) and plan.time_to_target(hfdt) == pytest.approx(hfdt.epoch_s)
+    assert [p.strategy for p in plan.ranked] == ["local", "hfdt"]  # seen to reach it, before reaching it on a trend
+    assert "~" in plan.table().splitlines()[2]
 
 
 def test_kendall_tau_by_hand():

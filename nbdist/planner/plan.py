@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .costs import ClusterCosts
@@ -30,13 +31,24 @@ class Plan:
         self.target = target if target is not None else (max(local["accuracy"]) - below_best if local else None)
 
     def time_to_target(self, p: Prediction) -> float | None:
-        """Predicted seconds until `p` reaches the target: the samples its short run took, at its predicted speed."""
+        """Predicted seconds until `p` reaches the target: the samples its short run took (or, past its end,
+        would take on its curve's trend, within the cell's own training), at its predicted speed."""
         curve = self.curves.get(p.label) or {}
-        reached = crossing(list(range(1, len(curve.get("accuracy") or []) + 1)), curve.get("accuracy") or [],
-                           self.target)
+        xs, accuracy = list(range(1, len(curve.get("accuracy") or []) + 1)), curve.get("accuracy") or []
+        reached = crossing(xs, accuracy, self.target)
+        if reached is None and xs:
+            reached = trend_crossing(xs, accuracy, self.target,
+                                     self.costs.samples * max(self.costs.epochs, 1) / curve["samples"])
         if reached is None or p.epoch_s is None:
             return None
         return self.seconds_at(p, reached * curve["samples"])
+
+    def extrapolated(self, p: Prediction) -> bool:
+        """Whether `p`'s time to target lies past the end of its short run (on its curve's trend)."""
+        curve = self.curves.get(p.label) or {}
+        accuracy = curve.get("accuracy") or []
+        return self.target is not None and bool(accuracy) and max(accuracy) < self.target \
+            and self.time_to_target(p) is not None
 
     def seconds_at(self, p: Prediction, samples: float) -> float:
         """Predicted seconds until `p` has trained `samples` samples (its epochs' predicted times, in order)."""
@@ -54,8 +66,10 @@ class Plan:
             mine = seconds[p.label]
             if "error" in self.curves.get(p.label, {}):  # failed on this cell: last of the planned
                 return 2, 0, 0, p.epoch_s
-            if mine is None:  # did not reach the target in its short run: after those that did, by epoch time
-                return 1, 0, 0, p.epoch_s
+            if mine is None:  # not even on its trend: after those that reach it, by epoch time
+                return 1, 1, 0, p.epoch_s
+            if self.extrapolated(p):  # past its short run, on its trend: after those seen to reach it
+                return 1, 0, 0, mine
             bucket = round((mine - best) / (TIE * best)) if best > 0 else 0
             return 0, bucket, _preference(p.strategy), mine
 
@@ -85,7 +99,8 @@ class Plan:
             samples = {c["samples"] for c in self.curves.values() if "samples" in c}
             notes.append(f"accuracy: short runs on the virtual clock with these speeds, on the first "
                          f"{'/'.join(map(str, sorted(samples)))} of {self.costs.samples} samples, one seed; "
-                         "the target is the best short local accuracy less a point")
+                         "the target is the best short local accuracy less a point; ~: reached past the short "
+                         "run, on its curve's trend")
         return "\n".join([*lines, *(f"note: {note}" for note in notes)])
 
     def _accuracy_cells(self, p: Prediction) -> tuple[str, str, str]:
@@ -97,7 +112,7 @@ class Plan:
         seconds, accuracy = self.time_to_target(p), max(curve["accuracy"], default=float("nan"))
         if seconds is None:
             return "not reached", f"{accuracy:.3f}", ""
-        return f"{seconds:.3f}", f"{accuracy:.3f}", ""
+        return f"{'~' if self.extrapolated(p) else ''}{seconds:.3f}", f"{accuracy:.3f}", ""
 
     def choice_line(self) -> str:
         p = self.choice
@@ -123,6 +138,26 @@ def crossing(xs: list[float], accuracy: list[float], target: float | None) -> fl
                 return x
             return xs[i - 1] + (x - xs[i - 1]) * (target - accuracy[i - 1]) / (a - accuracy[i - 1])
     return None
+
+
+TREND_POINTS = 3  # a short run's last points its trend is fitted through
+
+
+def trend_crossing(xs: list[float], accuracy: list[float], target: float | None, limit: float) -> float | None:
+    """Where a curve that ended under `target` would reach it on its trend (accuracy linear in the log of the
+    samples, least squares through its last TREND_POINTS points), if at most `limit`; None if not, or if it
+    does not rise."""
+    points = list(zip(xs, accuracy))[-TREND_POINTS:]
+    if target is None or len(points) < 2:
+        return None
+    logs = [math.log(x) for x, _ in points]
+    mean_x, mean_y = sum(logs) / len(points), sum(a for _, a in points) / len(points)
+    spread = sum((u - mean_x) ** 2 for u in logs)
+    slope = sum((u - mean_x) * (a - mean_y) for u, (_, a) in zip(logs, points)) / spread
+    if slope <= 0:
+        return None
+    at = math.exp(mean_x + (target - mean_y) / slope)
+    return at if at <= limit else None
 
 
 def make_plan(costs: ClusterCosts, strategies: list[tuple[str, dict]]) -> Plan:
