@@ -149,9 +149,11 @@ class Session:
         """The run's strategy; a model whose weights stayed on the engines trains on under `pipeline` only (where
         they are)."""
         from .kept_weights import kept_of
+        from .planner.own_runs import auto_only_given
 
-        if options.get("plan_only"):
-            raise OptionError("--plan-only prints the plan of --strategy auto; add --strategy auto, or leave it out.")
+        if auto_only_given(options):
+            raise OptionError(f"{', '.join(auto_only_given(options))}: options of --strategy auto (its plan); add "
+                              "--strategy auto, or leave them out.")
         strategy = make_strategy(options)
         for name, model in self.models_used(cell).items():
             kept = kept_of(model)

@@ -152,6 +152,33 @@ def test_a_curve_that_ends_under_the_target_reaches_it_on_its_trend_within_the_c
     assert "~" in plan.table().splitlines()[2]
 
 
+def test_several_seeds_give_the_mean_curve_and_each_seeds_time_to_target_by_hand():
+    from nbdist.planner.short_runs import combined
+
+    runs = [{"accuracy": [0.7, 0.8], "samples": 640, "metric": "val_accuracy"},
+            {"accuracy": [0.75, 0.9, 0.95], "samples": 640, "metric": "val_accuracy"}]
+    both = combined(runs)  # the epochs both seeds have
+    assert both["accuracy"] == pytest.approx([0.725, 0.85]) and both["runs"] == [[0.7, 0.8], [0.75, 0.9]]
+    assert (both["samples"], both["metric"]) == (640, "val_accuracy")
+    assert combined([*runs, {"error": "ValueError: x"}]) == {"error": "ValueError: x"}
+    plan = make_plan(ClusterCosts(COSTS.profiles, COSTS.step, 640, 32, 100_000), [("local", {})])
+    plan.add_curves({"local": combined(runs)}, target=0.8)
+    local = plan.predictions[0]
+    # the mean crosses 0.8 at 1 + 0.075/0.125 = 1.6 epochs; seed 1 at 1 + 0.05/0.15, seed 0 at its second epoch
+    assert plan.time_to_target(local) == pytest.approx(1.6 * local.epoch_s)
+    assert plan.seeds_range(local) == pytest.approx([4 / 3 * local.epoch_s, 2 * local.epoch_s])
+    assert f"{1.6 * local.epoch_s:.3f} ({4 / 3 * local.epoch_s:.3g}-{2 * local.epoch_s:.3g})" in plan.table()
+    assert "2 seeds" in plan.table() and "the target is the one given" in plan.table()
+
+
+def test_the_plans_own_options_are_refused_without_strategy_auto():
+    from nbdist.errors import OptionError
+    from nbdist.session import Session
+
+    with pytest.raises(OptionError, match="--target-accuracy, --plan-seeds: options of --strategy auto"):
+        Session()._strategy_for("model.fit(x, y)", {"strategy": "hfdt", "target_accuracy": 0.9, "plan_seeds": 3})
+
+
 def test_kendall_tau_by_hand():
     assert kendall_tau([1, 2, 3], [10, 20, 30]) == 1
     assert kendall_tau([1, 2, 3], [30, 20, 10]) == -1
@@ -164,7 +191,8 @@ def test_kendall_tau_by_hand():
 def test_plan_only_measures_the_engines_lists_refusals_and_trains_nothing(kernel):
     adam = TRAIN.format(epochs=1).replace("keras.optimizers.SGD(0.05, momentum=0.9)", '"adam"')
     kernel.run("model = None").check()
-    reply = kernel.run("%%distribute --strategy auto --plan-only\n" + adam, timeout=180).check()
+    reply = kernel.run("%%distribute --strategy auto --plan-only --target-accuracy 0.5\n" + adam, timeout=180).check()
+    assert re.search(r"to 0\.500 s", reply.stdout) and "the target is the one given" in reply.stdout
     assert re.search(r"^ *- ddc-asgd .* refused: an SGD rule: the cell compiled Adam", reply.stdout, re.M), reply.stdout
     assert re.search(r"^ *1 \S+ ", reply.stdout, re.M)  # a first choice, with its predicted epoch time
     for measured in ("Horovod's allreduce of the model's gradients: [0-9.]+ ms a step, measured by a short real "

@@ -37,6 +37,7 @@ def parse_args(argv):
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--below-best", default="0.01,0.05",
                         help="targets: the short local run's best accuracy less each of these (the plan's own is 0.01)")
+    parser.add_argument("--plan-seeds", type=int, default=1, help="seeds of each of the plan's short runs (0, 1, ...)")
     parser.add_argument("--out", help="write the plan's curves and the measured runs to this JSON file")
     parser.add_argument("--measured", help="a JSON file --out wrote: predict again against its runs, run nothing")
     parser.add_argument("--scaling", help="only predict, at these worker counts (4,16,64,128): the set-up's speeds "
@@ -114,7 +115,8 @@ def plan_check(argv: list[str] | None = None) -> list[dict]:
 
 
 def run_check(args, rows, plan) -> tuple[dict, list[dict]]:
-    """On one cluster: the planner's short runs (seed 0), then every row's full run (seed 1) on the virtual clock."""
+    """On one cluster: the planner's short runs (seed 0; with several, 100, 101, ...), then every row's full run
+    (seed 1) on the virtual clock."""
     from ..planner import short_runs
 
     shell, session = notebook_shell()
@@ -123,7 +125,8 @@ def run_check(args, rows, plan) -> tuple[dict, list[dict]]:
         shell.run_cell_magic("distribute", "define --name experiment-data",
                              DATA.format(samples=args.samples) + MODELS[args.model].format(hidden=args.hidden))
         cell = TRAIN.format(lr=args.lr, momentum=args.momentum, batch=args.batch, epochs=args.epochs)
-        curves = short_runs.curves(session, cell, {"seed": 0}, plan)
+        first = 0 if args.plan_seeds == 1 else 100  # apart from the measured runs' seed
+        curves = short_runs.curves(session, cell, {"seed": first, "plan_seeds": args.plan_seeds}, plan)
         results = [run_one(shell, session, row, args, seed=1) for row in rows]
     finally:
         shell.run_line_magic("dist", "stop")

@@ -14,6 +14,7 @@ from ..errors import OptionError
 from ..hetero import Profile, StepCost, parse_clock, parse_simulate
 from .calibrate import steady_epoch_s
 from .costs import ClusterCosts, ServerCosts
+from .own_runs import AUTO_ONLY, planner_run
 from .plan import Plan, make_plan
 from .short_runs import first_worker_simulate
 
@@ -30,17 +31,12 @@ def candidates() -> list[tuple[str, dict]]:
 
 def measure(session, cell: str, options: dict) -> ClusterCosts:
     """The cluster's costs for `cell`: a profile run on the engines `options` choose (all idle ones by default)."""
-    from ..strategies import COMMON_OPTIONS
     from ..strategies.profile import ProfileStrategy
 
-    values = {o.name: options.get(o.name, o.default) for o in COMMON_OPTIONS}
-    values.update(strategy="profile", progress="none", background=True, plan_only=False)
-    if not values.get("workers") and not values.get("targets"):  # as many engines as --simulate describes
-        values["workers"] = _simulated_workers(options.get("simulate"))
-    run = session.distribute(cell, values, strategy=ProfileStrategy(values))
-    thread, run.thread = run.thread, None
-    thread.join()
-    thread.reraise()
+    workers = options.get("workers")
+    if not workers and not options.get("targets"):  # as many engines as --simulate describes
+        workers = _simulated_workers(options.get("simulate"))
+    run = planner_run(session, cell, options, ProfileStrategy, strategy="profile", workers=workers)
     measured = [run.results[eid][0].timings["plan_profile"] for eid in run.workers if run.results.get(eid)]
     if not measured:
         raise OptionError(f"the planner's profile run {run.id} measured no engine (see %dist runs); run it again.")
@@ -83,8 +79,11 @@ def plan(session, cell: str, options: dict) -> Plan:
     """Measure, predict every strategy, and run each a short while on the virtual clock for its accuracy."""
     from . import short_runs
 
+    target = options.get("target_accuracy")
+    if target is not None and not 0 < target <= 1:
+        raise OptionError(f"--target-accuracy is a fraction between 0 and 1, like 0.85. Received: {target}")
     made = make_plan(measure(session, cell, options), candidates())
-    made.add_curves(short_runs.curves(session, cell, options, made))
+    made.add_curves(short_runs.curves(session, cell, options, made), target=target)
     return made
 
 
@@ -97,7 +96,8 @@ def chosen_options(plan: Plan, options: dict) -> tuple[dict, list[str]]:
     own = strategy_options()
     dropped = [own[k].flag for k, v in options.items() if k in own and k not in reads and v != own[k].default]
     chosen = {k: v for k, v in options.items() if k not in own or k in reads}
-    chosen.update(strategy=choice.strategy, plan_only=False, planned_epoch_s=choice.epoch_s, **choice.options)
+    chosen.update(strategy=choice.strategy, planned_epoch_s=choice.epoch_s, **choice.options)
+    chosen.update({o.name: o.default for o in COMMON_OPTIONS if o.name in AUTO_ONLY})
     if not options.get("targets"):
         chosen["workers"] = choice.workers  # the engines it was planned on
     if choice.workers == 1:  # local: one engine, the first of those given, as the first worker simulated

@@ -73,19 +73,12 @@ def _probe(session, cell: str, options: dict, strategy: str, engines: list[int],
     """Run `cell` under `strategy` on `engines` for PROBE_EPOCHS epochs of `samples` (no validation); the
     seconds of an epoch after the first."""
     from ..errors import NbdistError
-    from ..strategies import COMMON_OPTIONS
+    from .own_runs import planner_run
     from .short_runs import first_worker_simulate
 
-    values = {o.name: options.get(o.name, o.default) for o in COMMON_OPTIONS}
-    values.update(strategy=strategy, workers=None, targets=",".join(map(str, engines)), progress="none",
-                  background=True, plan_only=False, plan_samples=samples, plan_epochs=PROBE_EPOCHS,
-                  plan_validation=0)
-    if strategy == "local":
-        values["simulate"] = first_worker_simulate(options.get("simulate"))
-    run = session.distribute(cell, values)
-    thread, run.thread = run.thread, None
-    thread.join()
-    thread.reraise()
+    simulate = first_worker_simulate(options.get("simulate")) if strategy == "local" else options.get("simulate")
+    run = planner_run(session, cell, options, strategy=strategy, workers=None, targets=",".join(map(str, engines)),
+                      simulate=simulate, plan_samples=samples, plan_epochs=PROBE_EPOCHS, plan_validation=0)
     seconds = steady_epoch_s(run)
     if seconds is None:
         raise NbdistError(f"run {run.id} reported fewer than two epochs")

@@ -23,18 +23,31 @@ class Plan:
     predictions: list[Prediction] = field(default_factory=list)
     curves: dict = field(default_factory=dict)  # label -> a short run's {"accuracy": [...], "samples"} or {"error"}
     target: float | None = None
+    target_given: bool = False  # --target-accuracy, not the short local run's best less a point
 
     def add_curves(self, curves: dict, target: float | None = None, below_best: float = 0.01) -> None:
         """The short runs' accuracy curves; the target by default the best short local accuracy less a point."""
-        self.curves = curves
+        self.curves, self.target_given = curves, target is not None
         local = next((c for label, c in curves.items() if label == "local" and c.get("accuracy")), None)
         self.target = target if target is not None else (max(local["accuracy"]) - below_best if local else None)
 
     def time_to_target(self, p: Prediction) -> float | None:
         """Predicted seconds until `p` reaches the target: the samples its short run took (or, past its end,
         would take on its curve's trend, within the cell's own training), at its predicted speed."""
+        return self._time_on(p, (self.curves.get(p.label) or {}).get("accuracy") or [])
+
+    def seeds_range(self, p: Prediction) -> list[float | None] | None:
+        """With several seeds of short runs: each seed's time to target, soonest first (None: a seed that does
+        not reach it, last); None with one seed."""
+        runs = (self.curves.get(p.label) or {}).get("runs") or []
+        if len(runs) < 2 or self.target is None:
+            return None
+        times = [self._time_on(p, run) for run in runs]
+        return sorted(t for t in times if t is not None) + [None] * times.count(None)
+
+    def _time_on(self, p: Prediction, accuracy: list[float]) -> float | None:
         curve = self.curves.get(p.label) or {}
-        xs, accuracy = list(range(1, len(curve.get("accuracy") or []) + 1)), curve.get("accuracy") or []
+        xs = list(range(1, len(accuracy) + 1))
         reached = crossing(xs, accuracy, self.target)
         if reached is None and xs:
             reached = trend_crossing(xs, accuracy, self.target,
@@ -82,25 +95,31 @@ class Plan:
     def table(self) -> str:
         """The ranked table as text (what `%dist plan` prints)."""
         local = next((p.epoch_s for p in self.predictions if p.strategy == "local" and p.epoch_s), None)
-        target = f"to {self.target:.3f} s" if self.target is not None else "to target"
-        lines = [f"{'':>2} {'strategy':<26} {'workers':>7} {'epoch s':>9} {'vs local':>8} {target:>12} "
-                 f"{'short acc':>9}  why"]
+        rows = []
         for place, p in enumerate(self.ranked, 1):
             if p.refused:
-                lines.append(f"{'-':>2} {p.label:<26} {p.workers:>7} {'-':>9} {'-':>8} {'-':>12} {'-':>9}  "
-                             f"refused: {p.refused}")
+                rows.append(("-", p, "-", "-", "-", "-", f"refused: {p.refused}"))
                 continue
-            speedup = f"{local / p.epoch_s:.2f}x" if local else "-"
             reach, accuracy, why = self._accuracy_cells(p)
-            lines.append(f"{place:>2} {p.label:<26} {p.workers:>7} {p.epoch_s:>9.3f} {speedup:>8} {reach:>12} "
-                         f"{accuracy:>9}  {why}{p.reason}")
+            rows.append((str(place), p, f"{p.epoch_s:.3f}", f"{local / p.epoch_s:.2f}x" if local else "-", reach,
+                         accuracy, why + p.reason))
+        target = f"to {self.target:.3f} s" if self.target is not None else "to target"
+        width = max([12, len(target), *(len(row[4]) for row in rows)])
+        lines = [f"{'':>2} {'strategy':<26} {'workers':>7} {'epoch s':>9} {'vs local':>8} {target:>{width}} "
+                 f"{'short acc':>9}  why"]
+        lines += [f"{place:>2} {p.label:<26} {p.workers:>7} {epoch:>9} {speedup:>8} {reach:>{width}} {accuracy:>9}  "
+                  f"{why}" for place, p, epoch, speedup, reach, accuracy, why in rows]
         notes = list(self.costs.notes)
         if self.curves:
             samples = {c["samples"] for c in self.curves.values() if "samples" in c}
+            seeds = max((len(c.get("runs") or [1]) for c in self.curves.values()), default=1)
             notes.append(f"accuracy: short runs on the virtual clock with these speeds, on the first "
-                         f"{'/'.join(map(str, sorted(samples)))} of {self.costs.samples} samples, one seed; "
-                         "the target is the best short local accuracy less a point; ~: reached past the short "
-                         "run, on its curve's trend")
+                         f"{'/'.join(map(str, sorted(samples)))} of {self.costs.samples} samples, "
+                         + (f"{seeds} seeds (their mean; each seed's time to target in brackets)" if seeds > 1
+                            else "one seed (--plan-seeds 3: a range)")
+                         + ("; the target is the one given" if self.target_given else
+                            "; the target is the best short local accuracy less a point")
+                         + "; ~: reached past the short run, on its curve's trend")
         return "\n".join([*lines, *(f"note: {note}" for note in notes)])
 
     def _accuracy_cells(self, p: Prediction) -> tuple[str, str, str]:
@@ -110,9 +129,12 @@ class Plan:
         if "error" in curve:
             return "-", "-", f"its short run failed ({curve['error']}); "
         seconds, accuracy = self.time_to_target(p), max(curve["accuracy"], default=float("nan"))
+        spread = self.seeds_range(p)
+        between = f" ({'-'.join(f'{t:.3g}' if t is not None else 'never' for t in (spread[0], spread[-1]))})" \
+            if spread else ""
         if seconds is None:
-            return "not reached", f"{accuracy:.3f}", ""
-        return f"{'~' if self.extrapolated(p) else ''}{seconds:.3f}", f"{accuracy:.3f}", ""
+            return "not reached" + between, f"{accuracy:.3f}", ""
+        return f"{'~' if self.extrapolated(p) else ''}{seconds:.3f}{between}", f"{accuracy:.3f}", ""
 
     def choice_line(self) -> str:
         p = self.choice

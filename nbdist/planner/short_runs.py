@@ -78,34 +78,44 @@ def first_worker_simulate(simulate: str | None) -> str | None:
 
 
 def curves(session, cell: str, options: dict, plan) -> dict[str, dict]:
-    """{label: {"accuracy": [per epoch], "samples": short run's samples} or {"error": why}} for every planned
-    strategy, each from a short virtual run (cached)."""
+    """{label: {"accuracy": [per epoch, the seeds' mean], "runs": [each seed's], "samples": short run's samples}
+    or {"error": why}} for every planned strategy, from `--plan-seeds` short virtual runs each (cached)."""
     digest = hashlib.sha256(f"{cell}\0{plan.costs}".encode()).hexdigest()
+    first = options.get("seed") or 0
     found = {}
     for p in plan.predictions:
         if p.refused is None:
-            key = (digest, p.label, options.get("seed"))
-            if key not in _cache:
-                _cache[key] = _short_run(session, cell, options, plan.costs, p)
-            found[p.label] = _cache[key]
+            runs = []
+            for seed in range(first, first + (options.get("plan_seeds") or 1)):
+                key = (digest, p.label, seed)
+                if key not in _cache:
+                    _cache[key] = _short_run(session, cell, options, plan.costs, p, seed)
+                runs.append(_cache[key])
+            found[p.label] = combined(runs)
     return found
 
 
-def _short_run(session, cell: str, options: dict, costs, prediction) -> dict:
-    from ..strategies import COMMON_OPTIONS
+def combined(runs: list[dict]) -> dict:
+    """One curve of several seeds' short runs: each epoch's mean accuracy, and every seed's curve; the first
+    error if any seed failed."""
+    failed = next((run for run in runs if "error" in run), None)
+    if failed is not None:
+        return failed
+    curves = [run["accuracy"] for run in runs]
+    length = min(len(c) for c in curves)
+    mean = [sum(c[i] for c in curves) / len(curves) for i in range(length)]
+    return {**runs[0], "accuracy": mean, "runs": [c[:length] for c in curves]}
+
+
+def _short_run(session, cell: str, options: dict, costs, prediction, seed: int) -> dict:
+    from .own_runs import planner_run
 
     samples = short_samples(costs, prediction.workers)
-    values = {o.name: options.get(o.name, o.default) for o in COMMON_OPTIONS}
-    values.update(strategy=prediction.strategy, workers=prediction.workers, progress="none", background=True,
-                  plan_only=False, seed=options.get("seed") or 0, simulate=simulate_text(costs, prediction.workers),
-                  plan_samples=samples, plan_epochs=short_epochs(costs), **prediction.options)
-    if prediction.workers == 1:
-        values["targets"] = None
+    targets = None if prediction.workers == 1 else options.get("targets")
     try:
-        run = session.distribute(cell, values)
-        thread, run.thread = run.thread, None
-        thread.join()
-        thread.reraise()
+        run = planner_run(session, cell, options, strategy=prediction.strategy, workers=prediction.workers,
+                          targets=targets, seed=seed, simulate=simulate_text(costs, prediction.workers),
+                          plan_samples=samples, plan_epochs=short_epochs(costs), **prediction.options)
     except Exception as exc:  # a strategy that fails on this cell is a finding of the plan, not its end
         return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
     history = run.history

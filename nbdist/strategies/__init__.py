@@ -28,6 +28,11 @@ COMMON_OPTIONS = (
     Option("--plan-only", "with --strategy auto: measure the engines on the cell's model and print the plan "
            "(every strategy's predicted epoch time, ranked, with why), and train nothing", flag_only=True,
            default=False),
+    Option("--target-accuracy", "with --strategy auto: the accuracy the plan ranks strategies by time to "
+           "(default: the best of its short local run less a point)", type=float, metavar="A", minimum=0),
+    Option("--plan-seeds", "with --strategy auto: seeds of each short run the plan makes (the time to target "
+           "then shows their range; each seed is one more short run of every strategy)", type=int, default=1,
+           metavar="N", minimum=1),
 )
 
 REGISTRY: dict[str, type[Strategy]] = {}

@@ -1,0 +1,27 @@
+"""A run the planner makes for itself (the profile, a short run, a probe): the cell's common options without
+auto's own, nothing shown, waited for."""
+
+from __future__ import annotations
+
+AUTO_ONLY = ("plan_only", "target_accuracy", "plan_seeds")  # options only `--strategy auto` reads
+
+
+def auto_only_given(options: dict) -> list[str]:
+    """The flags of auto's own options `options` sets (to anything but their defaults)."""
+    from ..strategies import COMMON_OPTIONS
+
+    return [o.flag for o in COMMON_OPTIONS if o.name in AUTO_ONLY and options.get(o.name, o.default) != o.default]
+
+
+def planner_run(session, cell: str, options: dict, made_by=None, **values):
+    """Run `cell` with the common options of `options` (auto's own at their defaults) updated by `values`; wait
+    for it and return the Run (its error raised). `made_by`: a Strategy class not in the registry (the profile)."""
+    from ..strategies import COMMON_OPTIONS
+
+    given = {o.name: o.default if o.name in AUTO_ONLY else options.get(o.name, o.default) for o in COMMON_OPTIONS}
+    given.update(progress="none", background=True, **values)
+    run = session.distribute(cell, given, strategy=made_by(given) if made_by is not None else None)
+    thread, run.thread = run.thread, None
+    thread.join()
+    thread.reraise()
+    return run
