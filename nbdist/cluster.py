@@ -191,12 +191,13 @@ class ClusterHandle:
         host_cache.remove(key)
         remote = {}
         for eid in self.ids():
-            if not self.is_local(eid):
+            if eid in self._info and not self.is_local(eid):  # a cache is placed through probed engines only
                 remote.setdefault(self.machine_of(eid), eid)
         calls = [self.client[eid].apply_async(host_cache.remove, key) for eid in remote.values()]
+        deadline = time.monotonic() + LIMITS.engine_release_s  # best effort: a stop must not wait on a lost hub
         for call in calls:
             try:
-                call.get(timeout=LIMITS.engine_probe_s)
+                call.get(timeout=max(0.0, deadline - time.monotonic()))
             except Exception:  # noqa: BLE001 - an engine that cannot answer now leaves a bounded cache
                 pass
 
