@@ -149,11 +149,9 @@ class Session:
         """The run's strategy; a model whose weights stayed on the engines trains on under `pipeline` only (where
         they are)."""
         from .kept_weights import kept_of
-        from .planner.own_runs import auto_only_given
+        from .planner.own_runs import refuse_auto_only
 
-        if auto_only_given(options):
-            raise OptionError(f"{', '.join(auto_only_given(options))}: options of --strategy auto (its plan); add "
-                              "--strategy auto, or leave them out.")
+        refuse_auto_only(options)
         strategy = make_strategy(options)
         for name, model in self.models_used(cell).items():
             kept = kept_of(model)

@@ -6,11 +6,15 @@ from __future__ import annotations
 AUTO_ONLY = ("plan_only", "target_accuracy", "plan_seeds")  # options only `--strategy auto` reads
 
 
-def auto_only_given(options: dict) -> list[str]:
-    """The flags of auto's own options `options` sets (to anything but their defaults)."""
+def refuse_auto_only(options: dict) -> None:
+    """Raise an OptionError naming the options of `--strategy auto` that `options` sets for another strategy."""
+    from ..errors import OptionError
     from ..strategies import COMMON_OPTIONS
 
-    return [o.flag for o in COMMON_OPTIONS if o.name in AUTO_ONLY and options.get(o.name, o.default) != o.default]
+    given = [o.flag for o in COMMON_OPTIONS if o.name in AUTO_ONLY and options.get(o.name, o.default) != o.default]
+    if given:
+        raise OptionError(f"{', '.join(given)}: options of --strategy auto (its plan); add --strategy auto, or leave "
+                          "them out.")
 
 
 def planner_run(session, cell: str, options: dict, made_by=None, **values):
