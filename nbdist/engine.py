@@ -93,7 +93,7 @@ def _short_run(spec: dict, request) -> None:
 
         options = spec["options"]
         limit_request(request, options["plan_limit"], options.get("plan_epochs"),
-                      options.get("plan_validation", VALIDATION))
+                      options.get("plan_validation", VALIDATION), whole=options.get("plan_samples"))
 
 
 def run_training_cell(spec: dict) -> list:

@@ -144,6 +144,13 @@ def is_dataset(value) -> bool:
     return hasattr(value, "element_spec") and hasattr(value, "take")
 
 
+def dataset_batch(dataset) -> int:
+    """The samples of a batched tf.data pipeline's first element."""
+    import tensorflow as tf
+
+    return int(tf.shape(tf.nest.flatten(next(iter(dataset)))[0])[0])
+
+
 def is_py_dataset(value) -> bool:
     """A `keras.utils.PyDataset` (without importing Keras)."""
     return any(cls.__name__ == "PyDataset" for cls in type(value).__mro__)

@@ -124,6 +124,10 @@ def test_a_short_run_simulates_the_plans_cluster_and_trains_on_the_first_samples
     limit_request(request, 8, epochs=4, validation=5)
     assert request.args["x"].tolist() == x[:8].tolist() and request.args["y"].tolist() == list(range(8))
     assert [len(v) for v in request.args["validation_data"]] == [5, 5] and request.args["epochs"] == 4
+    probe = FitRequest(None, {"x": x, "y": y, "validation_data": (x, y), "epochs": 1, "initial_epoch": 0,
+                              "steps_per_epoch": 40}, None)
+    limit_request(probe, 8, epochs=3, validation=0)  # the calibration's probe: no validation, the cut arrays
+    assert probe.args["validation_data"] is None and probe.args["steps_per_epoch"] is None
 
 
 def test_auto_trains_its_choice_on_the_engines_it_planned_with():

@@ -19,11 +19,11 @@ class ProfileWorker(Worker):
         import keras
 
         from ..keras_bridge import build_for_training
-        from ..sharding import is_dataset
+        from ..sharding import dataset_batch, is_dataset
         from ..virtual_clock import measure_step_cost
 
         x, y = request.x, request.y
-        batch = request.samples_per_step or 32
+        batch = dataset_batch(x) if is_dataset(x) else request.samples_per_step or 32
         build_for_training(request.model, x if not is_dataset(x) else next(iter(x))[0])
         step = measure_step_cost(request.model, {"x": x, "y": y}, batch)
         arrays = isinstance(x, np.ndarray)
