@@ -221,3 +221,26 @@ def test_strategy_auto_on_two_engines_trains_and_names_its_choice(kernel):
     first = re.search(r"^ *1 (\S+) ", reply.stdout, re.M).group(1)  # the table's first row is what it chose
     assert first.split(":")[0] == chosen.group(1)
     assert re.search(r"to 0\.\d{3} s", reply.stdout)  # the accuracy part: a target from the short local run
+
+
+def test_the_profile_reads_an_epochs_samples_and_batch_from_arrays_pipelines_and_py_datasets():
+    import keras
+    import tensorflow as tf
+
+    from nbdist.errors import OptionError
+    from nbdist.strategies.profile import epoch_of
+
+    x, y = np.zeros((100, 3), "float32"), np.zeros(100)
+    assert epoch_of(x, 16) == (100, 16) and epoch_of(x, None) == (100, 32)  # Keras' default batch
+    assert epoch_of(tf.data.Dataset.from_tensor_slices((x, y)).batch(64), None) == (128, 64)  # 2 batches of 64
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return 5
+
+        def __getitem__(self, i):
+            return x[:20], y[:20]
+
+    assert epoch_of(Batches(), None) == (100, 20)
+    with pytest.raises(OptionError, match="this cell fits a generator"):
+        epoch_of((b for b in [x]), None)

@@ -19,15 +19,15 @@ class ProfileWorker(Worker):
         import keras
 
         from ..keras_bridge import build_for_training
-        from ..sharding import dataset_batch, is_dataset
+        from ..sharding import is_dataset, is_py_dataset
         from ..virtual_clock import measure_step_cost
 
         x, y = request.x, request.y
-        batch = dataset_batch(x) if is_dataset(x) else request.samples_per_step or 32
-        build_for_training(request.model, x if not is_dataset(x) else next(iter(x))[0])
+        samples, batch = epoch_of(x, request.samples_per_step)
+        first = next(iter(x)) if is_dataset(x) else x[0] if is_py_dataset(x) else None
+        build_for_training(request.model, x if first is None else first[0] if isinstance(first, (tuple, list)) else first)
         step = measure_step_cost(request.model, {"x": x, "y": y}, batch)
         arrays = isinstance(x, np.ndarray)
-        samples = len(x) if arrays else _dataset_samples(x, batch)
         self.fit_timings["plan_profile"] = {
             "step": step.to_json(), "batch": batch, "samples": samples, "arrays": arrays,
             "model_bytes": int(sum(np.asarray(v).nbytes for v in request.model.trainable_variables)),
@@ -38,10 +38,24 @@ class ProfileWorker(Worker):
         return history
 
 
-def _dataset_samples(dataset, batch: int) -> int | None:
-    """Samples an epoch of a batched tf.data pipeline holds, when its length is known."""
-    cardinality = int(dataset.cardinality())
-    return cardinality * batch if cardinality > 0 else None
+def epoch_of(x, batch: int | None) -> tuple[int | None, int]:
+    """(samples an epoch holds, or None where unknown; the batch) of the fit's `x`: numpy arrays at the cell's
+    batch, a batched tf.data pipeline or a PyDataset at their first element's."""
+    from ..errors import OptionError
+    from ..sharding import dataset_batch, is_dataset, is_py_dataset
+
+    if is_dataset(x):
+        batch, batches = dataset_batch(x), int(x.cardinality())
+        return (batches * batch if batches > 0 else None), batch
+    if is_py_dataset(x):
+        first = x[0]
+        batch = len(np.asarray(first[0] if isinstance(first, (tuple, list)) else first))
+        return len(x) * batch, batch
+    if not hasattr(x, "__len__"):
+        raise OptionError("--strategy auto measures the cell's step on numpy arrays, a tf.data pipeline or a "
+                          "PyDataset; this cell fits a generator. Give fit one of those, or choose a strategy "
+                          "(README's table).")
+    return len(x), batch or 32
 
 
 class ProfileStrategy(Strategy):
