@@ -146,7 +146,8 @@ def test_a_curve_that_ends_under_the_target_reaches_it_on_its_trend_within_the_c
     assert trend_crossing([1, 2, 4], [0.5, 0.6, 0.7], 0.8, limit=10) == pytest.approx(8)
     assert trend_crossing([1, 2, 4], [0.5, 0.6, 0.7], 0.8, limit=6) is None  # past the cell's own training
     assert trend_crossing([1, 2, 3], [0.7, 0.6, 0.5], 0.8, limit=100) is None  # falling: never
-    plan = make_plan(ClusterCosts(COSTS.profiles, COSTS.step, 640, 32, 100_000, epochs=4), [("local", {}), ("hfdt", {})])
+    four_epochs = ClusterCosts(COSTS.profiles, COSTS.step, 640, 32, 100_000, epochs=4)
+    plan = make_plan(four_epochs, [("local", {}), ("hfdt", {})])
     plan.add_curves({"local": {"accuracy": [0.7, 0.81], "samples": 640},
                      "hfdt": {"accuracy": [0.6, 0.7], "samples": 160}}, target=0.8)
     hfdt = next(p for p in plan.predictions if p.strategy == "hfdt")

@@ -14,7 +14,7 @@ from ..errors import OptionError
 from ..hetero import Profile, StepCost, parse_clock, parse_simulate
 from .calibrate import steady_epoch_s
 from .costs import ClusterCosts, ServerCosts
-from .own_runs import AUTO_ONLY, planner_run
+from .own_runs import auto_defaults, planner_run
 from .plan import Plan, make_plan
 from .short_runs import first_worker_simulate
 
@@ -97,12 +97,13 @@ def chosen_options(plan: Plan, options: dict) -> tuple[dict, list[str]]:
     dropped = [own[k].flag for k, v in options.items() if k in own and k not in reads and v != own[k].default]
     chosen = {k: v for k, v in options.items() if k not in own or k in reads}
     chosen.update(strategy=choice.strategy, planned_epoch_s=choice.epoch_s, **choice.options)
-    chosen.update({o.name: o.default for o in COMMON_OPTIONS if o.name in AUTO_ONLY})
+    chosen.update(auto_defaults())
     if not options.get("targets"):
         chosen["workers"] = choice.workers  # the engines it was planned on
     if choice.workers == 1:  # local: one engine, the first of those given, as the first worker simulated
         targets = str(options.get("targets") or "").split(",")[0] or None
-        chosen.update(workers=None if targets else 1, targets=targets, simulate=first_worker_simulate(options.get("simulate")))
+        chosen.update(workers=None if targets else 1, targets=targets,
+                      simulate=first_worker_simulate(options.get("simulate")))
     return chosen, dropped
 
 

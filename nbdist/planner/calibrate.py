@@ -39,8 +39,8 @@ def _measure(session, cell, options, costs, engines) -> tuple[MeasuredSteps, tup
     steps, notes = MeasuredSteps(costs.workers), []
     if not costs.arrays:  # a pipeline's own per-epoch and per-step costs would count as the exchanges'
         return steps, ("what a step adds to the profiled gradients (Keras' loop, the exchanges) is measured on "
-                       "numpy arrays only; this cell fits a pipeline (tf.data, PyDataset): links taken from the link model "
-                       "(free on loopback)",)
+                       "numpy arrays only; this cell fits a pipeline (tf.data, PyDataset): links taken from the "
+                       "link model (free on loopback)",)
     for strategy, field, what in PROBES:
         if strategy != "local" and costs.workers < 2:
             continue

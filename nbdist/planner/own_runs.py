@@ -17,13 +17,20 @@ def refuse_auto_only(options: dict) -> None:
                           "them out.")
 
 
+def auto_defaults() -> dict:
+    """Auto's own options at their defaults: what the runs it makes (and the one it chooses) are given."""
+    from ..strategies import COMMON_OPTIONS
+
+    return {o.name: o.default for o in COMMON_OPTIONS if o.name in AUTO_ONLY}
+
+
 def planner_run(session, cell: str, options: dict, made_by=None, **values):
     """Run `cell` with the common options of `options` (auto's own at their defaults) updated by `values`; wait
     for it and return the Run (its error raised). `made_by`: a Strategy class not in the registry (the profile)."""
     from ..strategies import COMMON_OPTIONS
 
-    given = {o.name: o.default if o.name in AUTO_ONLY else options.get(o.name, o.default) for o in COMMON_OPTIONS}
-    given.update(progress="none", background=True, **values)
+    given = {o.name: options.get(o.name, o.default) for o in COMMON_OPTIONS}
+    given.update(**auto_defaults(), progress="none", background=True, **values)
     run = session.distribute(cell, given, strategy=made_by(given) if made_by is not None else None)
     thread, run.thread = run.thread, None
     thread.join()

@@ -25,7 +25,8 @@ class ProfileWorker(Worker):
         x, y = request.x, request.y
         samples, batch = epoch_of(x, request.samples_per_step)
         first = next(iter(x)) if is_dataset(x) else x[0] if is_py_dataset(x) else None
-        build_for_training(request.model, x if first is None else first[0] if isinstance(first, (tuple, list)) else first)
+        inputs = first[0] if isinstance(first, (tuple, list)) else first
+        build_for_training(request.model, x if first is None else inputs)
         step = measure_step_cost(request.model, {"x": x, "y": y}, batch)
         arrays = isinstance(x, np.ndarray)
         self.fit_timings["plan_profile"] = {
@@ -63,5 +64,6 @@ class ProfileStrategy(Strategy):
     it (`nbdist.planner.measure`), and its result never reaches the notebook's model."""
 
     name = "profile"
-    summary = "measure each engine's step time on the cell's model and data, train nothing (what --strategy auto plans from)"
+    summary = ("measure each engine's step time on the cell's model and data, train nothing (what --strategy auto "
+               "plans from)")
     worker_class = ProfileWorker
