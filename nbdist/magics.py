@@ -75,7 +75,10 @@ class NbdistMagics(Magics):
                               help="cap: the engines to cap, comma-separated (default: all)")
     @magic_arguments.argument("--workers", default=None, metavar="N,N",
                               help="plan: the last plan's predictions at these worker counts (the measured engines' "
-                                   "speeds repeated), like --workers 8,32,128")
+                                   "speeds repeated), like --workers 8,32,128; their accuracy from short runs of "
+                                   "that many virtual workers on one engine")
+    @magic_arguments.argument("--no-accuracy", action="store_true",
+                              help="plan --workers: epoch times only (no short runs of virtual workers)")
     @magic_arguments.argument("--stale", action="store_true",
                               help="stop: stop the clusters that previous kernels of this notebook left "
                                    "running (status names them), not this kernel's")
@@ -149,7 +152,7 @@ class NbdistMagics(Magics):
                 raise UsageError("%dist cap --memory SIZE caps each engine's memory, like %dist cap --memory 760M")
             print(f"nbdist: {session.cap(args.memory, args.targets)}")
         elif args.action == "plan":
-            print(session.plan_table(args.workers))
+            print(session.plan_table(args.workers, accuracy=not args.no_accuracy))
         elif args.action == "push":
             sent = session.push(args.names)
             print(f"nbdist: sent {', '.join(sent['names']) or 'nothing (the engines have them)'} "
@@ -342,7 +345,7 @@ def _is_number(text: str) -> bool:
 
 _DIST_ARGS_BY_ACTION = {"start": {"n", "engines", "profile", "kernel_gpu", "threads"}, "add": {"n"},
                         "connect": {"profile", "cluster_id", "file", "kernel_gpu", "threads"},
-                        "stop": {"stale"}, "cap": {"memory", "targets"}, "plan": {"workers"}}
+                        "stop": {"stale"}, "cap": {"memory", "targets"}, "plan": {"workers", "no_accuracy"}}
 
 
 def _refuse_unused(parser, args):

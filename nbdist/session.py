@@ -334,11 +334,11 @@ class Session:
         self.last_plan = auto.plan(self, cell, options)
         return auto.announce(self.last_plan, options)
 
-    def plan_table(self, workers: str | None = None) -> str:
+    def plan_table(self, workers: str | None = None, accuracy: bool = True) -> str:
         """The last plan's table; with `workers` ("8,32,128") its predictions at those worker counts."""
         from .planner.auto import plan_table
 
-        return plan_table(self.last_plan, workers)
+        return plan_table(self.last_plan, workers, self if accuracy else None)
 
     def distribute(self, cell: str, options: dict, on_progress=None, strategy=None) -> runs.Run:
         """Train the cell on the engines, then run it here with `fit` installing the results.

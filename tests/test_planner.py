@@ -109,6 +109,18 @@ def test_grown_clusters_repeat_the_measured_speeds_and_show_where_a_strategy_sto
     assert rows["hfdt"]["epoch_s"][0] > rows["hfdt"]["epoch_s"][1]  # synchronous still gains from 4 to 16
 
 
+def test_past_the_cluster_a_count_whose_virtual_workers_miss_the_target_stops_the_scaling_and_says_why():
+    plan = make_plan(ClusterCosts((Profile(1.0), Profile(1.0)), StepCost(1e-3, 0.0), 640, 32, 4000), [("asgd", {})])
+    plan.add_curves({}, target=0.8)
+    curves = {("asgd", 2): {"accuracy": [0.5, 0.85], "samples": 320, "staleness": 1.0},
+              ("asgd", 8): {"accuracy": [0.4, 0.45], "samples": 320, "staleness": 7.0}}
+    (row,) = scaling(plan, [2, 8], curves=curves)
+    two = predict("asgd", plan.costs.grown(2), {})  # 0.8 lies 0.3/0.35 of the way from its 1st short epoch to its 2nd
+    assert row["to_target"][0] == pytest.approx((1 + 0.3 / 0.35) * 320 / 640 * two.epoch_s)
+    assert row["stops"] == 8 and row["why"] == ("staleness about 7 updates: its short run reaches 0.450, under the "
+                                                 "target 0.800")
+
+
 def test_a_short_run_simulates_the_plans_cluster_and_trains_on_the_first_samples():
     from nbdist.hetero import parse_clock, parse_simulate
     from nbdist.keras_bridge import FitRequest
@@ -146,6 +158,7 @@ def test_a_curve_that_ends_under_the_target_reaches_it_on_its_trend_within_the_c
     assert trend_crossing([1, 2, 4], [0.5, 0.6, 0.7], 0.8, limit=10) == pytest.approx(8)
     assert trend_crossing([1, 2, 4], [0.5, 0.6, 0.7], 0.8, limit=6) is None  # past the cell's own training
     assert trend_crossing([1, 2, 3], [0.7, 0.6, 0.5], 0.8, limit=100) is None  # falling: never
+    assert trend_crossing([1, 2, 3], [0.3, 0.3, 0.3 + 1e-9], 0.8, limit=100) is None  # all but flat: never
     four_epochs = ClusterCosts(COSTS.profiles, COSTS.step, 640, 32, 100_000, epochs=4)
     plan = make_plan(four_epochs, [("local", {}), ("hfdt", {})])
     plan.add_curves({"local": {"accuracy": [0.7, 0.81], "samples": 640},
@@ -205,8 +218,12 @@ def test_plan_only_measures_the_engines_lists_refusals_and_trains_nothing(kernel
                      "short real run of nfdt"):  # the local cluster's own exchanges, in place
         assert re.search(measured, reply.stdout), reply.stdout
     assert kernel.value("model is None") is True  # the cell did not run here: nothing trained, nothing installed
-    scaled_out = kernel.run("%dist plan --workers 2,8", timeout=30).check().stdout
+    scaled_out = kernel.run("%dist plan --workers 2,8", timeout=240).check().stdout
     assert "stops scaling at" in scaled_out and "hfdt" in scaled_out
+    # the accuracy at 2 and 8 workers: short runs of that many virtual workers on one engine
+    assert "predicted s to accuracy 0.500" in scaled_out, scaled_out
+    assert re.search(r"^nfdt +(~?[0-9.]+|never) +(~?[0-9.]+|never)  0\.\d{3} 0\.\d{3}$", scaled_out, re.M), scaled_out
+    assert kernel.value("model is None") is True
 
 
 @pytest.mark.cluster

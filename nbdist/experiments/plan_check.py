@@ -41,9 +41,12 @@ def parse_args(argv):
     parser.add_argument("--out", help="write the plan's curves and the measured runs to this JSON file")
     parser.add_argument("--measured", help="a JSON file --out wrote: predict again against its runs, run nothing")
     parser.add_argument("--scaling", help="only predict, at these worker counts (4,16,64,128): the set-up's speeds "
-                                          "repeated, links as --link, the PS as --ps-message; runs nothing")
+                                          "repeated, links as --link, the PS as --ps-message; the accuracy from "
+                                          "short runs of that many virtual workers on one engine")
     parser.add_argument("--link", default="10g,50us", help="--scaling: every worker's link, bandwidth,latency")
     parser.add_argument("--ps-message", default="1ms", help="--scaling: the PS's cost per push-pull")
+    parser.add_argument("--no-accuracy", action="store_true",
+                        help="--scaling: epoch times only (no short runs of virtual workers, no cluster)")
     args = parser.parse_args(argv)
     setup = {"model": "mlp", "lr": 0.05, **SETUPS[args.setup]}
     args.simulate, args.model, args.lr = setup["simulate"], setup["model"], setup["lr"]
@@ -88,7 +91,26 @@ def scaling_check(args) -> str:
                     notes=(f"links {args.link} each; the PS {args.ps_message} a push-pull, its host's link "
                            f"{bandwidth}",))
     plan = make_plan(costs, [(row.strategy, row.options) for row in parse_rows(args.strategies)])
-    return scaling_table(plan, [int(n) for n in args.scaling.split(",")], link)
+    counts = [int(n) for n in args.scaling.split(",")]
+    return scaling_table(plan, counts, link, None if args.no_accuracy else scaled_accuracy(args, plan, counts, link))
+
+
+def scaled_accuracy(args, plan, counts: list[int], link) -> dict:
+    """On a one-engine cluster: the short local run (the plan's target), then every strategy's short run of
+    each count of virtual workers (`short_runs.scaled_curves`), seed 0."""
+    from ..planner import short_runs
+
+    shell, session = notebook_shell()
+    shell.run_line_magic("dist", "start -n 1")
+    try:
+        shell.run_cell_magic("distribute", "define --name experiment-data",
+                             DATA.format(samples=args.samples) + MODELS[args.model].format(hidden=args.hidden))
+        cell = TRAIN.format(lr=args.lr, momentum=args.momentum, batch=args.batch, epochs=args.epochs)
+        local = make_plan(plan.costs, [("local", {})])
+        plan.add_curves(short_runs.curves(session, cell, {"seed": 0}, local))
+        return short_runs.scaled_curves(session, cell, {"seed": 0}, plan, counts, link)
+    finally:
+        shell.run_line_magic("dist", "stop")
 
 
 def plan_check(argv: list[str] | None = None) -> list[dict]:

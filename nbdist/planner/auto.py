@@ -83,6 +83,7 @@ def plan(session, cell: str, options: dict) -> Plan:
     if target is not None and not 0 < target <= 1:
         raise OptionError(f"--target-accuracy is a fraction between 0 and 1, like 0.85. Received: {target}")
     made = make_plan(measure(session, cell, options), candidates())
+    made.cell, made.options = cell, dict(options)
     made.add_curves(short_runs.curves(session, cell, options, made), target=target)
     return made
 
@@ -134,9 +135,11 @@ def announce(plan: Plan, options: dict) -> dict | None:
     return chosen
 
 
-def plan_table(plan: Plan | None, workers: str | None = None) -> str:
-    """`%dist plan`: the plan's table; with `workers` ("8,32,128") its predictions at those worker counts."""
+def plan_table(plan: Plan | None, workers: str | None = None, session=None) -> str:
+    """`%dist plan`: the plan's table; with `workers` ("8,32,128") its predictions at those worker counts (their
+    accuracy from short runs of that many virtual workers, on `session`'s cluster)."""
     from .plan import scaling_table
+    from .short_runs import scaled_curves
 
     if plan is None:
         raise OptionError("no plan yet: run the training cell under %%distribute --strategy auto --plan-only "
@@ -150,4 +153,5 @@ def plan_table(plan: Plan | None, workers: str | None = None) -> str:
                           f"Received: {workers}") from None
     if not counts or counts[0] < 1:
         raise OptionError(f"%dist plan --workers takes positive worker counts. Received: {workers}")
-    return scaling_table(plan, counts)
+    curves = scaled_curves(session, plan.cell, plan.options, plan, counts) if session and plan.cell else None
+    return scaling_table(plan, counts, curves=curves)

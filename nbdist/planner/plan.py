@@ -24,6 +24,8 @@ class Plan:
     curves: dict = field(default_factory=dict)  # label -> a short run's {"accuracy": [...], "samples"} or {"error"}
     target: float | None = None
     target_given: bool = False  # --target-accuracy, not the short local run's best less a point
+    cell: str | None = None  # the training cell planned, and its options: what `%dist plan --workers` runs again
+    options: dict = field(default_factory=dict)
 
     def add_curves(self, curves: dict, target: float | None = None, below_best: float = 0.01) -> None:
         """The short runs' accuracy curves; the target by default the best short local accuracy less a point."""
@@ -34,7 +36,8 @@ class Plan:
     def time_to_target(self, p: Prediction) -> float | None:
         """Predicted seconds until `p` reaches the target: the samples its short run took (or, past its end,
         would take on its curve's trend, within the cell's own training), at its predicted speed."""
-        return self._time_on(p, (self.curves.get(p.label) or {}).get("accuracy") or [])
+        curve = self.curves.get(p.label) or {}
+        return self.time_on(p, curve, curve.get("accuracy") or [])
 
     def seeds_range(self, p: Prediction) -> list[float | None] | None:
         """With several seeds of short runs: each seed's time to target, soonest first (None: a seed that does
@@ -42,11 +45,12 @@ class Plan:
         runs = (self.curves.get(p.label) or {}).get("runs") or []
         if len(runs) < 2 or self.target is None:
             return None
-        times = [self._time_on(p, run) for run in runs]
+        times = [self.time_on(p, self.curves[p.label], run) for run in runs]
         return sorted(t for t in times if t is not None) + [None] * times.count(None)
 
-    def _time_on(self, p: Prediction, accuracy: list[float]) -> float | None:
-        curve = self.curves.get(p.label) or {}
+    def time_on(self, p: Prediction, curve: dict, accuracy: list[float]) -> float | None:
+        """Predicted seconds until `p`, at its predicted epoch times, reaches the target on `accuracy` (a short
+        run's curve, `curve` its record: the samples of each of its epochs)."""
         xs = list(range(1, len(accuracy) + 1))
         reached = crossing(xs, accuracy, self.target)
         if reached is None and xs:
@@ -178,8 +182,8 @@ def trend_crossing(xs: list[float], accuracy: list[float], target: float | None,
     slope = sum((u - mean_x) * (a - mean_y) for u, (_, a) in zip(logs, points)) / spread
     if slope <= 0:
         return None
-    at = math.exp(mean_x + (target - mean_y) / slope)
-    return at if at <= limit else None
+    log_at = mean_x + (target - mean_y) / slope  # compared in logs: a flat trend's crossing overflows a float
+    return math.exp(log_at) if log_at <= math.log(limit) else None
 
 
 def make_plan(costs: ClusterCosts, strategies: list[tuple[str, dict]]) -> Plan:
@@ -208,28 +212,85 @@ def _sign(x: float) -> int:
     return (x > 0) - (x < 0)
 
 
-def scaling(plan: Plan, counts: list[int], link=None) -> list[dict]:
+def scaling(plan: Plan, counts: list[int], link=None, curves: dict | None = None) -> list[dict]:
     """Each planned strategy's epoch seconds at `counts` workers (the plan's cluster grown, `ClusterCosts.grown`),
     where it stops scaling (the first count at which its efficiency against the smallest count, speed-up over
-    the ratio of workers, falls under EFFICIENT) and why there."""
+    the ratio of workers, falls under EFFICIENT) and why there. With `curves` ({(label, workers): a short run of
+    that many virtual workers}, `short_runs.scaled_curves`) also its seconds to the plan's target at each count,
+    and a count where the target is not reached, or reached at under EFFICIENT of the smallest count's pace per
+    worker, stops the scaling too."""
     rows = []
     for p in plan.predictions:
         if p.refused is not None or p.strategy == "local":
             continue
         at = [predict(p.strategy, plan.costs.grown(n, link), p.options) for n in counts]
-        base = at[0].epoch_s * counts[0]
-        stops = next((n for q, n in zip(at, counts) if q.epoch_s is None or base / (q.epoch_s * n) < EFFICIENT), None)
-        why = next((q.reason or q.refused for q, n in zip(at, counts) if n == stops), at[-1].reason or at[-1].refused)
-        rows.append({"label": p.label, "epoch_s": [q.epoch_s for q in at], "stops": stops, "why": why})
+        runs = [(curves or {}).get((p.label, n)) or {} for n in counts]
+        reach = [_reach(plan, q, run) for q, run in zip(at, runs)] if curves else None
+        stops, why = _stop(plan, counts, at, runs, reach)
+        rows.append({"label": p.label, "epoch_s": [q.epoch_s for q in at], "to_target": reach, "runs": runs,
+                     "stops": stops, "why": why})
     return rows
 
 
-def scaling_table(plan: Plan, counts: list[int], link=None) -> str:
-    """`scaling` as text: one row per strategy, one column per worker count."""
-    header = f"{'strategy':<26} " + " ".join(f"{n:>9}" for n in counts) + "  stops scaling at"
-    lines = [header + "  (predicted epoch s at each worker count)"]
-    for row in scaling(plan, counts, link):
+def _reach(plan: Plan, q: Prediction, run: dict) -> float | None:
+    if plan.target is None or q.epoch_s is None or not run.get("accuracy"):
+        return None
+    return plan.time_on(q, run, run["accuracy"])
+
+
+def _stop(plan: Plan, counts: list[int], at: list[Prediction], runs: list[dict], reach: list | None):
+    """(the count a strategy stops scaling at, or None; why) from its epoch times and, if known, its times to
+    target."""
+    base = at[0].epoch_s * counts[0] if at[0].epoch_s else None
+    first = None  # (count, seconds) of the first count that reaches the target
+    for q, n, run, seconds in zip(at, counts, runs, reach or [None] * len(counts)):
+        if q.epoch_s is None or base is None or base / (q.epoch_s * n) < EFFICIENT:
+            return n, q.reason or q.refused
+        if reach is None or not run.get("accuracy"):
+            continue
+        if seconds is None:
+            return n, f"{_accuracy_cause(plan, run, n)}: its short run reaches {max(run['accuracy']):.3f}, under " \
+                      f"the target {plan.target:.3f}"
+        first = first or (n, seconds)
+        if first[1] * first[0] / (seconds * n) < EFFICIENT:
+            return n, f"{_accuracy_cause(plan, run, n)}: {seconds:.3g} s to the target, against {first[1]:.3g} s " \
+                      f"at {first[0]} workers"
+    return None, at[-1].reason or at[-1].refused
+
+
+def _accuracy_cause(plan: Plan, run: dict, n: int) -> str:
+    if run.get("staleness") is not None:
+        return f"staleness about {run['staleness']:.0f} updates"
+    return f"a step of {n}x{plan.costs.batch} samples"
+
+
+def scaling_table(plan: Plan, counts: list[int], link=None, curves: dict | None = None) -> str:
+    """`scaling` as text: one row per strategy, one column per worker count; with `curves` a second block of
+    seconds to the target."""
+    rows = scaling(plan, counts, link, curves)
+    header = f"{'strategy':<26} " + " ".join(f"{n:>9}" for n in counts)
+    lines = [header + "  stops scaling at  (predicted epoch s at each worker count)"]
+    for row in rows:
         cells = " ".join(f"{s:>9.3f}" if s is not None else f"{'-':>9}" for s in row["epoch_s"])
         stop = f"{row['stops']} workers: {row['why']}" if row["stops"] else f"past {counts[-1]}: {row['why']}"
         lines.append(f"{row['label']:<26} {cells}  {stop}")
-    return "\n".join([*lines, *(f"note: {note}" for note in plan.costs.notes)])
+    notes = list(plan.costs.notes)
+    if curves and plan.target is not None:
+        lines += ["", header + f"  (predicted s to accuracy {plan.target:.3f}; accuracy at the short run's end)"]
+        for row in rows:
+            cells = " ".join(f"{_reach_cell(t, run, plan.target):>9}" for t, run in zip(row["to_target"], row["runs"]))
+            ends = " ".join(f"{max(run['accuracy']):.3f}" if run.get("accuracy") else "-" for run in row["runs"])
+            failed = next((run["error"] for run in row["runs"] if "error" in run), None)
+            lines.append(f"{row['label']:<26} {cells}  {ends}" + (f"  ({failed})" if failed else ""))
+        notes.append("accuracy past the cluster: a short run of that many virtual workers on one engine (the PS's "
+                     "own rules, in the virtual clock's order of arrival), on the plan's samples; ~: on the curve's "
+                     "trend, never: not even there")
+    return "\n".join([*lines, *(f"note: {note}" for note in notes)])
+
+
+def _reach_cell(seconds: float | None, run: dict, target: float) -> str:
+    if not run.get("accuracy"):
+        return "-"
+    if seconds is None:
+        return "never"
+    return f"{'~' if max(run['accuracy']) < target else ''}{seconds:.3f}"

@@ -5,7 +5,8 @@ Every planned strategy runs the cell on the engines with the plan's speeds and l
 hundred steps in all; `limit_request` on each engine), and reports its validation accuracy (or its
 training accuracy) after each epoch. The target is the best accuracy of the short local run less
 one point; a strategy's time to it is the samples it took, at the plan's predicted speed. Curves are
-cached by the cell's digest and the plan's costs.
+cached by the cell's digest and the plan's costs. Past the cluster (`scaled_curves`), each count of
+workers is emulated on one engine (`strategies.virtual_workers`).
 """
 
 from __future__ import annotations
@@ -120,12 +121,76 @@ def _short_run(session, cell: str, options: dict, costs, prediction, seed: int) 
 
     samples = short_samples(costs, prediction.workers)
     targets = None if prediction.workers == 1 else options.get("targets")
+    return _curve_of(lambda: planner_run(
+        session, cell, options, strategy=prediction.strategy, workers=prediction.workers, targets=targets,
+        seed=seed, simulate=simulate_text(costs, prediction.workers), plan_samples=samples,
+        plan_epochs=short_epochs(costs), **prediction.options), samples)
+
+
+def _curve_of(make_run, samples: int) -> dict:
+    """A short run's curve: its accuracy after each epoch (validation's if it has one), or {"error": why}."""
     try:
-        run = planner_run(session, cell, options, strategy=prediction.strategy, workers=prediction.workers,
-                          targets=targets, seed=seed, simulate=simulate_text(costs, prediction.workers),
-                          plan_samples=samples, plan_epochs=short_epochs(costs), **prediction.options)
+        run = make_run()
     except Exception as exc:  # a strategy that fails on this cell is a finding of the plan, not its end
         return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
     history = run.history
     metric = "val_accuracy" if history.get("val_accuracy") else "accuracy"
-    return {"accuracy": [float(a) for a in history.get(metric, [])], "metric": metric, "samples": samples}
+    timings = next((fits[0].timings for fits in run.results.values() if fits), {})
+    staleness = (timings.get("virtual_workers") or {}).get("staleness_mean")
+    return {"accuracy": [float(a) for a in history.get(metric, [])], "metric": metric, "samples": samples,
+            **({"staleness": staleness} if staleness is not None else {})}
+
+
+EMULATED = ("hfdt", "ssgd", "nfdt", "asgd", "dc-asgd", "dc-asgd-a", "dc-asgdk", "ddc-asgd")  # past the cluster
+
+
+def emulation(prediction, costs) -> dict:
+    """What the `virtual-workers` engine needs to emulate `prediction`'s strategy on `costs`' workers: each one's
+    seconds from push to push, whether its steps are synchronous, the PS's rule and the learning rate's factor."""
+    from ..errors import OptionError
+    from ..strategies import make_strategy
+
+    strategy = make_strategy({"strategy": prediction.strategy, **prediction.options})
+    n = costs.workers
+    seconds = [costs.compute_s(k) + costs.exchange_s(k) for k in range(n)]
+    if prediction.strategy == "hfdt":
+        return {"workers": n, "seconds": seconds, "synchronous": True, "rule": None,
+                "lr_scale": n if strategy.value("scale_lr") == "linear" else 1}
+    settings = strategy.shard_settings(n)
+    if settings.get("max_staleness") is not None:
+        raise OptionError("--max-staleness is not emulated past the cluster")
+    return {"workers": n, "seconds": seconds, "synchronous": bool(settings.get("synchronous")),
+            "rule": settings.get("rule"), "momentum": settings.get("momentum")}
+
+
+def scaled_curves(session, cell: str, options: dict, plan, counts: list[int], link=None) -> dict[tuple, dict]:
+    """{(label, workers): a short run's curve as `curves` gives it, or {"error": why}} of every planned
+    data-parallel strategy at each of `counts` workers (the plan's cluster grown), each emulated on one engine
+    (`strategies.virtual_workers`); cached like `curves`."""
+    digest = hashlib.sha256(f"{cell}\0{plan.costs}\0{link}".encode()).hexdigest()
+    seed = options.get("seed") or 0
+    found = {}
+    for p in plan.predictions:
+        if p.refused is not None or p.strategy == "local":
+            continue
+        for n in counts:
+            if p.strategy not in EMULATED:
+                found[(p.label, n)] = {"error": f"{p.strategy}'s accuracy is not emulated past the cluster"}
+                continue
+            key = (digest, p.label, n, seed)
+            if key not in _cache:
+                _cache[key] = _virtual_workers_run(session, cell, options, plan.costs.grown(n, link), p, seed)
+            found[(p.label, n)] = _cache[key]
+    return found
+
+
+def _virtual_workers_run(session, cell: str, options: dict, costs, prediction, seed: int) -> dict:
+    from ..strategies.virtual_workers import VirtualWorkersStrategy
+    from .own_runs import planner_run
+
+    samples = short_samples(costs, costs.workers)
+    targets = str(options.get("targets") or "").split(",")[0] or None
+    return _curve_of(lambda: planner_run(
+        session, cell, options, VirtualWorkersStrategy, strategy="virtual-workers",
+        workers=None if targets else 1, targets=targets, seed=seed, simulate=None, plan_samples=samples,
+        plan_epochs=short_epochs(costs), emulate=emulation(prediction, costs)), samples)

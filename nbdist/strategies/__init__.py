@@ -129,13 +129,15 @@ def _register_builtin() -> None:
     from .pipeline import PipelineStrategy
     from .profile import ProfileStrategy
     from .tensor import TensorStrategy
+    from .virtual_workers import VirtualWorkersStrategy
 
     STRATEGIES = (LocalStrategy, HfdtStrategy, NfdtStrategy, AsgdStrategy, DcAsgdStrategy, DcAsgdAdaptiveStrategy,
                   DcAsgdKStrategy, DdcAsgdStrategy, SsgdStrategy, AdspStrategy, AshlStrategy, PipelineStrategy,
                   TensorStrategy)
     for cls in STRATEGIES:
         register(cls)
-    INTERNAL[ProfileStrategy.name] = ProfileStrategy
+    for cls in (ProfileStrategy, VirtualWorkersStrategy):
+        INTERNAL[cls.name] = cls
 
 
 _register_builtin()
