@@ -121,6 +121,21 @@ def test_past_the_cluster_a_count_whose_virtual_workers_miss_the_target_stops_th
                                                  "target 0.800")
 
 
+def test_virtual_workers_emulate_each_strategys_own_schedule_rule_and_learning_rate():
+    from nbdist.planner.short_runs import emulation
+
+    grown = COSTS.grown(4)  # speeds 1, 0.5, 1, 0.5
+    plan = make_plan(COSTS, [("hfdt", {"warmup_epochs": 1.0}), ("ddc-asgd", {}), ("nfdt", {"max_staleness": 2})])
+    hfdt, ddc, bounded = plan.predictions
+    assert emulation(hfdt, grown, 160) == {  # warm-up in the short run's epochs: 1 of 640 samples = 4 of 160
+        "workers": 4, "seconds": [COMPUTE[0] + 2 * ONE_WAY, COMPUTE[1] + 2 * ONE_WAY] * 2, "synchronous": True,
+        "rule": None, "lr_scale": 4, "warmup_epochs": 4.0}
+    emulated = emulation(ddc, grown, 160)
+    assert emulated["rule"] == {"preset": "ddc-asgd", "workers": 4, "overrides": {}} and not emulated["synchronous"]
+    with pytest.raises(Exception, match="--max-staleness is not emulated"):
+        emulation(bounded, grown, 160)
+
+
 def test_a_short_run_simulates_the_plans_cluster_and_trains_on_the_first_samples():
     from nbdist.hetero import parse_clock, parse_simulate
     from nbdist.keras_bridge import FitRequest
@@ -262,3 +277,14 @@ def test_the_profile_reads_an_epochs_samples_and_batch_from_arrays_pipelines_and
     assert epoch_of(Batches(), None) == (100, 20)
     with pytest.raises(OptionError, match="this cell fits a generator"):
         epoch_of((b for b in [x]), None)
+
+
+def test_several_measured_seeds_are_compared_on_their_mean_curve_by_hand():
+    from nbdist.experiments.plan_check import mean_result
+
+    one = {"label": "hfdt", "curve": {"t": [1.0, 2.0, 3.0], "val_accuracy": [0.5, 0.7, 0.8]}, "error": None}
+    two = {"label": "hfdt", "curve": {"t": [1.2, 2.2], "val_accuracy": [0.6, 0.8]}, "error": "diverged"}
+    mean = mean_result([one, two])
+    assert mean["curve"]["t"] == pytest.approx([1.1, 2.1])
+    assert mean["curve"]["val_accuracy"] == pytest.approx([0.55, 0.75])
+    assert mean["error"] == "diverged" and mean["seeds"] == [one, two] and mean_result([one]) is one

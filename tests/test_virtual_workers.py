@@ -95,3 +95,13 @@ def test_too_many_virtual_workers_for_one_engines_memory_are_refused_with_what_t
     monkeypatch.setattr(virtual_workers, "MEMORY_BYTES", 100)
     with pytest.raises(OptionError, match="virtual workers' weights need .* plan fewer workers"):
         emulator(tiny(), 8, [1.0] * 8)
+
+
+def test_a_warm_up_ramps_the_scaled_learning_rate_from_the_users_over_its_epochs_by_hand():
+    model = tiny()
+    trainer = emulator(model, 4, [1.0] * 4, synchronous=True, lr_scale=4, warmup_epochs=2)
+    assert trainer._scale(0.0) == 1.0 and trainer._scale(0.5) == pytest.approx(1 + 3 * 0.25)
+    trainer.epochs_done = 1
+    assert trainer._scale(0.5) == pytest.approx(1 + 3 * 0.75)
+    trainer.epochs_done = 2
+    assert trainer._scale(0.0) == 4.0

@@ -4,7 +4,8 @@
 
 The planner plans the set-up's simulated cluster as `--strategy auto` would (its epoch times, and its
 short runs for the accuracy part, seed 0); then each strategy trains `--epochs` epochs on the virtual
-clock (the set-up's speeds and links, one step cost for all; seed 1). Prints a table of predicted
+clock (the set-up's speeds and links, one step cost for all; seed 1, or seeds 1..N with
+`--measured-seeds N`, compared on their mean curve). Prints a table of predicted
 against measured last-epoch seconds and seconds to the plan's target, then `RESULT
 plan_epoch_time_error_max_<setup>` (the worst relative error), `RESULT plan_rank_tau_<setup>`
 (Kendall's tau of the orderings by time to target) and `RESULT auto_regret_<setup>` (the measured time
@@ -38,6 +39,8 @@ def parse_args(argv):
     parser.add_argument("--below-best", default="0.01,0.05",
                         help="targets: the short local run's best accuracy less each of these (the plan's own is 0.01)")
     parser.add_argument("--plan-seeds", type=int, default=1, help="seeds of each of the plan's short runs (0, 1, ...)")
+    parser.add_argument("--measured-seeds", type=int, default=1,
+                        help="seeds of each measured run (1, 2, ...): compared on their mean curve")
     parser.add_argument("--out", help="write the plan's curves and the measured runs to this JSON file")
     parser.add_argument("--measured", help="a JSON file --out wrote: predict again against its runs, run nothing")
     parser.add_argument("--scaling", help="only predict, at these worker counts (4,16,64,128): the set-up's speeds "
@@ -45,6 +48,9 @@ def parse_args(argv):
                                           "short runs of that many virtual workers on one engine")
     parser.add_argument("--link", default="10g,50us", help="--scaling: every worker's link, bandwidth,latency")
     parser.add_argument("--ps-message", default="1ms", help="--scaling: the PS's cost per push-pull")
+    parser.add_argument("--emulated-against", metavar="JSON",
+                        help="a JSON file --out wrote: its short runs beside the same strategies emulated as virtual "
+                             "workers on one engine, at the set-up's own size (the emulation checked)")
     parser.add_argument("--no-accuracy", action="store_true",
                         help="--scaling: epoch times only (no short runs of virtual workers, no cluster)")
     args = parser.parse_args(argv)
@@ -113,8 +119,27 @@ def scaled_accuracy(args, plan, counts: list[int], link) -> dict:
         shell.run_line_magic("dist", "stop")
 
 
+def emulation_check(args) -> str:
+    """The stored short runs (real engines, the real PS, on the virtual clock) beside the same strategies emulated
+    as virtual workers on one engine at the set-up's own size and links: accuracy after each short epoch."""
+    stored = json.loads(Path(args.emulated_against).read_text())["curves"]
+    rows = [row for row in parse_rows(args.strategies) if row.label in stored and row.strategy != "local"]
+    plan = make_plan(cluster_costs(args), [(row.strategy, row.options) for row in rows])
+    emulated = scaled_accuracy(args, plan, [args.workers], None)
+    lines = [f"| set-up | strategy | real (engines, PS) | emulated (one engine) |", "|---|---|---|---|"]
+    for row, p in zip(rows, plan.predictions):
+        curve = emulated.get((p.label, args.workers)) or {}
+        lines.append(f"| {args.setup}, {args.workers} | {row.label} | "
+                     f"{' '.join(f'{a:.3f}' for a in stored[row.label].get('accuracy', []))} | "
+                     f"{' '.join(f'{a:.3f}' for a in curve.get('accuracy', [])) or curve.get('error', '-')} |")
+    return "\n".join(lines)
+
+
 def plan_check(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
+    if args.emulated_against:
+        print(emulation_check(args))
+        return []
     if args.scaling:
         print(scaling_check(args))
         return []
@@ -149,10 +174,23 @@ def run_check(args, rows, plan) -> tuple[dict, list[dict]]:
         cell = TRAIN.format(lr=args.lr, momentum=args.momentum, batch=args.batch, epochs=args.epochs)
         first = 0 if args.plan_seeds == 1 else 100  # apart from the measured runs' seed
         curves = short_runs.curves(session, cell, {"seed": first, "plan_seeds": args.plan_seeds}, plan)
-        results = [run_one(shell, session, row, args, seed=1) for row in rows]
+        results = [mean_result([run_one(shell, session, row, args, seed=seed)
+                                for seed in range(1, 1 + args.measured_seeds)]) for row in rows]
     finally:
         shell.run_line_magic("dist", "stop")
     return curves, results
+
+
+def mean_result(results: list[dict]) -> dict:
+    """One measured row of several seeds: its curve their mean (epoch ends and accuracy, epoch by epoch, over
+    the epochs every seed has), each seed's result kept; the first error if any seed failed."""
+    if len(results) == 1:
+        return results[0]
+    curves = [r["curve"] for r in results]
+    length = min(min(len(c["t"]), len(c["val_accuracy"])) for c in curves)
+    mean = {key: [sum(c[key][i] for c in curves) / len(curves) for i in range(length)] for key in ("t", "val_accuracy")}
+    error = next((r["error"] for r in results if r["error"]), None)
+    return {**results[0], "curve": {"epoch": list(range(1, length + 1)), **mean}, "error": error, "seeds": results}
 
 
 def _compare(plan, predicted, result: dict) -> dict:

@@ -144,9 +144,10 @@ def _curve_of(make_run, samples: int) -> dict:
 EMULATED = ("hfdt", "ssgd", "nfdt", "asgd", "dc-asgd", "dc-asgd-a", "dc-asgdk", "ddc-asgd")  # past the cluster
 
 
-def emulation(prediction, costs) -> dict:
-    """What the `virtual-workers` engine needs to emulate `prediction`'s strategy on `costs`' workers: each one's
-    seconds from push to push, whether its steps are synchronous, the PS's rule and the learning rate's factor."""
+def emulation(prediction, costs, samples: int) -> dict:
+    """What the `virtual-workers` engine needs to emulate `prediction`'s strategy on `costs`' workers, in a short
+    run of `samples` an epoch: each one's seconds from push to push, whether its steps are synchronous, the PS's
+    rule, the learning rate's factor and its warm-up (in the short run's epochs)."""
     from ..errors import OptionError
     from ..strategies import make_strategy
 
@@ -155,7 +156,8 @@ def emulation(prediction, costs) -> dict:
     seconds = [costs.compute_s(k) + costs.exchange_s(k) for k in range(n)]
     if prediction.strategy == "hfdt":
         return {"workers": n, "seconds": seconds, "synchronous": True, "rule": None,
-                "lr_scale": n if strategy.value("scale_lr") == "linear" else 1}
+                "lr_scale": n if strategy.value("scale_lr") == "linear" else 1,
+                "warmup_epochs": (strategy.value("warmup_epochs") or 0) * costs.samples / samples}
     settings = strategy.shard_settings(n)
     if settings.get("max_staleness") is not None:
         raise OptionError("--max-staleness is not emulated past the cluster")
@@ -193,4 +195,4 @@ def _virtual_workers_run(session, cell: str, options: dict, costs, prediction, s
     return _curve_of(lambda: planner_run(
         session, cell, options, VirtualWorkersStrategy, strategy="virtual-workers",
         workers=None if targets else 1, targets=targets, seed=seed, simulate=None, plan_samples=samples,
-        plan_epochs=short_epochs(costs), emulate=emulation(prediction, costs)), samples)
+        plan_epochs=short_epochs(costs), emulate=emulation(prediction, costs, samples)), samples)

@@ -75,7 +75,7 @@ class Emulator:
 
     `emulate`: {"workers": N, "seconds": each worker's seconds from one push to the next (step and exchange),
     "synchronous": bool, "rule": the PS's rule (None: the cell's optimizer), "lr_scale": the learning rate's
-    factor (hfdt's linear scaling)}.
+    factor (hfdt's linear scaling), "warmup_epochs": over which that factor ramps up from 1}.
     """
 
     def __init__(self, model, spec, emulate: dict, batch: int, seed: int):
@@ -87,6 +87,7 @@ class Emulator:
         self.weights = {n: np.array(v.numpy()) for n, v in zip(self.names, self.variables)}
         self.workers, self.seconds = int(emulate["workers"]), [float(s) for s in emulate["seconds"]]
         self.synchronous, self.lr_scale = bool(emulate.get("synchronous")), float(emulate.get("lr_scale") or 1.0)
+        self.warmup_epochs, self.epochs_done = float(emulate.get("warmup_epochs") or 0.0), 0
         iterations = int(model.optimizer.iterations.numpy())
         self.updater = make_updater(emulate.get("rule"), spec, self.weights, {}, iterations)
         self.rng = np.random.default_rng(seed)
@@ -126,19 +127,29 @@ class Emulator:
     def epoch(self, x, y) -> None:
         """One pass over the samples in a seeded order, a batch to each worker as it becomes free."""
         order = self.rng.permutation(len(x))
-        per_step = self.batch * (self.workers if self.synchronous else 1)
-        for start in range(0, len(order) - per_step + 1, per_step):
+        per_step = min(self.batch * (self.workers if self.synchronous else 1), len(order))
+        starts = range(0, len(order) - per_step + 1, per_step)
+        for step, start in enumerate(starts):
             index = np.sort(order[start:start + per_step])
             if self.synchronous:
-                self._synchronous_step(x[index], y[index])
+                self._synchronous_step(x[index], y[index], self._scale(step / len(starts)))
             else:
                 self._push(x[index], y[index])
+        self.epochs_done += 1
 
-    def _synchronous_step(self, x, y) -> None:
+    def _scale(self, into_epoch: float) -> float:
+        """The learning rate's factor now: hfdt's linear scaling, ramped over its warm-up epochs (as
+        `horovod_ops.lr_scaler`)."""
+        if self.warmup_epochs <= 0:
+            return self.lr_scale
+        progress = min(1.0, (self.epochs_done + into_epoch) / self.warmup_epochs)
+        return 1 + (self.lr_scale - 1) * progress
+
+    def _synchronous_step(self, x, y, lr_scale: float) -> None:
         parts = [self.gradient(self.weights, x[i:i + self.batch], y[i:i + self.batch])
                  for i in range(0, len(x), self.batch)]
         mean = {n: sum(p[n] for p in parts) / len(parts) for n in self.names}
-        self.updater.apply(self.weights, mean, 0, 0, self.version, self.lr_scale)
+        self.updater.apply(self.weights, mean, 0, 0, self.version, lr_scale)
         self.version += 1
 
     def _push(self, x, y) -> None:
