@@ -105,3 +105,32 @@ def test_a_warm_up_ramps_the_scaled_learning_rate_from_the_users_over_its_epochs
     assert trainer._scale(0.5) == pytest.approx(1 + 3 * 0.75)
     trainer.epochs_done = 2
     assert trainer._scale(0.0) == 4.0
+
+
+def test_the_worker_trains_the_cells_epochs_without_its_validation_split_and_reports_the_accuracy_of_each():
+    from nbdist.keras_bridge import FitRequest
+    from nbdist.strategies.virtual_workers import VirtualWorkersWorker
+
+    x, y = data(40)
+    request = FitRequest(tiny(), {"x": x, "y": y, "batch_size": BATCH, "epochs": 2, "initial_epoch": 0,
+                                  "validation_split": 0.25, "validation_data": None}, original_fit=None)
+    emulate = {"workers": 2, "seconds": [1.0, 1.0]}
+    worker = VirtualWorkersWorker({"rank": 0, "size": 1, "options": {"emulate": emulate}, "seed": 0}, None)
+    history = worker.fit(request)
+    assert list(history.history) == ["val_accuracy"] and len(history.history["val_accuracy"]) == 2
+    assert worker.fit_timings["virtual_workers"]["pushes"] == 2 * (30 // BATCH)  # 30 of the 40 samples train
+
+
+def test_a_cell_that_fits_a_pipeline_is_told_what_the_emulation_needs():
+    import tensorflow as tf
+
+    from nbdist.errors import OptionError
+    from nbdist.keras_bridge import FitRequest
+    from nbdist.strategies.virtual_workers import VirtualWorkersWorker
+
+    x, y = data(8)
+    request = FitRequest(tiny(), {"x": tf.data.Dataset.from_tensor_slices((x, y)).batch(4), "y": None,
+                                  "epochs": 1}, original_fit=None)
+    worker = VirtualWorkersWorker({"rank": 0, "size": 1, "options": {"emulate": {}}}, None)
+    with pytest.raises(OptionError, match="one numpy array of inputs"):
+        worker.fit(request)

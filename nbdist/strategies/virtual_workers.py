@@ -32,12 +32,12 @@ class VirtualWorkersWorker(Worker):
         from ..ps import rules
 
         emulate = self.values["emulate"]
-        x, y = request.x, request.y
-        if not isinstance(x, np.ndarray):
-            raise OptionError("the planner's accuracy past the cluster needs the cell to fit numpy arrays")
-        model = request.model
+        if not isinstance(request.x, np.ndarray):
+            raise OptionError("the planner's accuracy past the cluster needs the cell to fit one numpy array of "
+                              "inputs (not a tf.data pipeline, a PyDataset, a generator or several inputs)")
+        validation = _validation(request)  # a validation_split's samples leave the training arrays
+        x, y, model = request.x, request.y, request.model
         build_for_training(model, x[:1])
-        validation = _validation(request)
         spec = rules.spec_from_keras(model.optimizer)
         if emulate.get("momentum") is not None:
             from dataclasses import replace
@@ -49,7 +49,7 @@ class VirtualWorkersWorker(Worker):
             trainer.epoch(x, y)
             accuracy.append(trainer.accuracy(*(validation or (x, y))))
         self.fit_timings["virtual_workers"] = {"staleness_mean": trainer.staleness_mean(),
-                                               "dropped": trainer.dropped}
+                                               "pushes": len(trainer.taus), "dropped": trainer.dropped}
         history = keras.callbacks.History()
         history.set_model(model)
         history.history = {"val_accuracy" if validation else "accuracy": accuracy}
