@@ -239,6 +239,14 @@ def test_plan_only_measures_the_engines_lists_refusals_and_trains_nothing(kernel
     assert "predicted s to accuracy 0.500" in scaled_out, scaled_out
     assert re.search(r"^nfdt +(~?[0-9.]+|never) +(~?[0-9.]+|never)  0\.\d{3} 0\.\d{3}$", scaled_out, re.M), scaled_out
     assert kernel.value("model is None") is True
+    session = "nbdist.get_session()"
+    kernel.run(f"_cluster, {session}.cluster = {session}.cluster, None").check()
+    try:  # with no cluster, the accuracy part says what to do, and --no-accuracy gives the epoch times at once
+        refused = kernel.run("%dist plan --workers 4", timeout=30)
+        assert refused.ename == "OptionError" and "--no-accuracy for the epoch times" in refused.evalue, refused.error_text
+        assert "stops scaling at" in kernel.run("%dist plan --workers 4 --no-accuracy", timeout=30).check().stdout
+    finally:
+        kernel.run(f"{session}.cluster = _cluster").check()
 
 
 @pytest.mark.cluster

@@ -153,5 +153,11 @@ def plan_table(plan: Plan | None, workers: str | None = None, session=None) -> s
                           f"Received: {workers}") from None
     if not counts or counts[0] < 1:
         raise OptionError(f"%dist plan --workers takes positive worker counts. Received: {workers}")
-    curves = scaled_curves(session, plan.cell, plan.options, plan, counts) if session and plan.cell else None
+    curves = None
+    if session is not None and plan.cell:
+        if session.cluster is None or session.cluster.client is None:
+            raise OptionError("%dist plan --workers predicts the accuracy at those counts from short runs of virtual "
+                              "workers on an engine, and no cluster is running: %dist start -n 1 first, or add "
+                              "--no-accuracy for the epoch times alone.")
+        curves = scaled_curves(session, plan.cell, plan.options, plan, counts)
     return scaling_table(plan, counts, curves=curves)
