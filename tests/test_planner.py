@@ -233,11 +233,11 @@ def test_plan_only_measures_the_engines_lists_refusals_and_trains_nothing(kernel
                      "short real run of nfdt"):  # the local cluster's own exchanges, in place
         assert re.search(measured, reply.stdout), reply.stdout
     assert kernel.value("model is None") is True  # the cell did not run here: nothing trained, nothing installed
-    scaled_out = kernel.run("%dist plan --workers 2,8", timeout=240).check().stdout
+    scaled_out = kernel.run("%dist plan --workers 8", timeout=240).check().stdout
     assert "stops scaling at" in scaled_out and "hfdt" in scaled_out
-    # the accuracy at 2 and 8 workers: short runs of that many virtual workers on one engine
+    # the accuracy at 8 workers: a short run of that many virtual workers on one engine
     assert "predicted s to accuracy 0.500" in scaled_out, scaled_out
-    assert re.search(r"^nfdt +(~?[0-9.]+|never) +(~?[0-9.]+|never)  0\.\d{3} 0\.\d{3}$", scaled_out, re.M), scaled_out
+    assert re.search(r"^nfdt +(~?[0-9.]+|never)  0\.\d{3}$", scaled_out, re.M), scaled_out
     assert kernel.value("model is None") is True
     session = "nbdist.get_session()"
     kernel.run(f"_cluster, {session}.cluster = {session}.cluster, None").check()
