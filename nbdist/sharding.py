@@ -145,7 +145,12 @@ def is_dataset(value) -> bool:
 
 
 def dataset_batch(dataset) -> int:
-    """The samples of a batched tf.data pipeline's first element."""
+    """The samples of a batched tf.data pipeline's first element, or of a PyDataset's first batch."""
+    if is_py_dataset(dataset):
+        import numpy as np
+
+        first = dataset[0]
+        return len(np.asarray(first[0] if isinstance(first, (tuple, list)) else first))
     import tensorflow as tf
 
     return int(tf.shape(tf.nest.flatten(next(iter(dataset)))[0])[0])
@@ -175,10 +180,16 @@ def shard_py_dataset(dataset, rank: int, size: int, fractions: list[float] | Non
         owned = [int(i) for i in np.flatnonzero(weighted_owners(len(dataset), fractions) == rank)]
     else:
         owned = list(range(rank, (len(dataset) // size) * size, size))
-    batches = len(owned)
-    if batches == 0:
+    if not owned:
         raise OptionError(f"the PyDataset has {len(dataset)} batches, fewer than the {size} workers; use fewer "
                           "--workers or smaller batches.")
+    return py_dataset_of(dataset, owned)
+
+
+def py_dataset_of(dataset, owned: list[int]):
+    """The batches `owned` of the PyDataset `dataset`, in that order, as a PyDataset with the user's workers /
+    multiprocessing settings (its epoch hooks passed on)."""
+    import keras
 
     class ShardOfPyDataset(keras.utils.PyDataset):
         def __init__(self):
@@ -187,7 +198,7 @@ def shard_py_dataset(dataset, rank: int, size: int, fractions: list[float] | Non
             self.base = dataset
 
         def __len__(self):
-            return batches
+            return len(owned)
 
         def __getitem__(self, index):
             return dataset[owned[index]]

@@ -264,7 +264,7 @@ def test_strategy_auto_on_two_engines_trains_and_names_its_choice(kernel):
     assert re.search(r"to 0\.\d{3} s", reply.stdout)  # the accuracy part: a target from the short local run
 
 
-def test_the_profile_reads_an_epochs_samples_and_batch_from_arrays_pipelines_and_py_datasets():
+def test_the_profile_reads_an_epochs_samples_and_batch_from_arrays_pipelines_and_py_datasets_and_cuts_them():
     import keras
     import tensorflow as tf
 
@@ -285,6 +285,14 @@ def test_the_profile_reads_an_epochs_samples_and_batch_from_arrays_pipelines_and
     assert epoch_of(Batches(), None) == (100, 20)
     with pytest.raises(OptionError, match="this cell fits a generator"):
         epoch_of((b for b in [x]), None)
+
+    from nbdist.keras_bridge import FitRequest
+    from nbdist.planner.short_runs import limit_request
+
+    short = FitRequest(None, {"x": Batches(), "y": None, "epochs": 1, "initial_epoch": 0, "steps_per_epoch": 5}, None)
+    limit_request(short, 45, epochs=4, whole=45)  # a short run of 45 samples: the first 3 batches of 20
+    assert len(short.args["x"]) == 3 and short.args["steps_per_epoch"] is None and short.args["epochs"] == 4
+    assert short.args["x"][2][0].shape == (20, 3)
 
 
 def test_several_measured_seeds_are_compared_on_their_mean_curve_by_hand():

@@ -65,7 +65,7 @@ def refusal(strategy: str, costs: ClusterCosts, options: dict) -> str | None:
         return (f"an SGD rule: the cell compiled {costs.optimizer}; compile with keras.optimizers.SGD, or use "
                 "asgd or nfdt, which keep the cell's optimizer")
     if not costs.arrays and (strategy == "ashl" or options.get("balance") == "auto"):
-        return f"{strategy} re-batches numpy arrays by speed; the cell fits a tf.data pipeline"
+        return f"{strategy} re-batches numpy arrays by speed; the cell fits a tf.data pipeline or a PyDataset"
     return None
 
 

@@ -35,11 +35,11 @@ def short_samples(costs, workers: int, steps: int = STEPS) -> int:
 def limit_request(request, samples: int, epochs: int | None = None, validation: int = VALIDATION,
                   whole: int | None = None) -> None:
     """On an engine: the fit's numpy arrays cut to their first `samples` (validation arrays to `validation`;
-    0: no validation), or its tf.data pipeline to the batches of the run's `whole` samples (each rank takes its
-    share of those), trained for `epochs` (accuracy is then known after each `samples`)."""
+    0: no validation), or its tf.data pipeline or PyDataset to the batches of the run's `whole` samples (each
+    rank takes its share of those), trained for `epochs` (accuracy is then known after each `samples`)."""
     import numpy as np
 
-    from ..sharding import dataset_batch, is_dataset
+    from ..sharding import dataset_batch, is_dataset, is_py_dataset, py_dataset_of
 
     def cut(value, n):
         if isinstance(value, np.ndarray):
@@ -54,10 +54,13 @@ def limit_request(request, samples: int, epochs: int | None = None, validation: 
     for name in ("x", "y", "sample_weight"):
         if args.get(name) is not None:
             args[name] = cut(args[name], samples)
-    if isinstance(args.get("x"), np.ndarray) or (is_dataset(args.get("x")) and whole):
+    x = args.get("x")
+    if isinstance(x, np.ndarray) or ((is_dataset(x) or is_py_dataset(x)) and whole):
         args["steps_per_epoch"] = None  # an epoch is the cut data, whatever the cell's own steps
-    if is_dataset(args.get("x")) and whole:
-        args["x"] = args["x"].take(max(1, -(-whole // dataset_batch(args["x"]))))
+    if is_dataset(x) and whole:
+        args["x"] = x.take(max(1, -(-whole // dataset_batch(x))))
+    elif is_py_dataset(x) and whole:
+        args["x"] = py_dataset_of(x, list(range(min(len(x), max(1, -(-whole // dataset_batch(x)))))))
     if validation == 0:
         args.update(validation_data=None, validation_split=0.0)
     elif isinstance(args.get("validation_data"), tuple):

@@ -49,8 +49,7 @@ def epoch_of(x, batch: int | None) -> tuple[int | None, int]:
         batch, batches = dataset_batch(x), int(x.cardinality())
         return (batches * batch if batches > 0 else None), batch
     if is_py_dataset(x):
-        first = x[0]
-        batch = len(np.asarray(first[0] if isinstance(first, (tuple, list)) else first))
+        batch = dataset_batch(x)
         return len(x) * batch, batch
     if not hasattr(x, "__len__"):
         raise OptionError("--strategy auto measures the cell's step on numpy arrays, a tf.data pipeline or a "
