@@ -276,7 +276,7 @@ def scaling_table(plan: Plan, counts: list[int], link=None, curves: dict | None 
         lines.append(f"{row['label']:<26} {cells}  {stop}")
     notes = list(plan.costs.notes)
     if curves and plan.target is not None:
-        lines += ["", header + f"  (predicted s to accuracy {plan.target:.3f}; accuracy at the short run's end)"]
+        lines += ["", header + f"  (predicted s to accuracy {plan.target:.3f}; the short run's best accuracy)"]
         for row in rows:
             cells = " ".join(f"{_reach_cell(t, run, plan.target):>9}" for t, run in zip(row["to_target"], row["runs"]))
             ends = " ".join(f"{max(run['accuracy']):.3f}" if run.get("accuracy") else "-" for run in row["runs"])
