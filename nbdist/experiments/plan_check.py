@@ -224,6 +224,10 @@ def _print(args, plan, table: list[dict], suffix: str = "") -> None:
     if not suffix:
         print(f"RESULT plan_epoch_time_error_max_{args.setup}={max(r['error'] for r in scored):.3f}")
     print(f"RESULT plan_rank_tau_{args.setup}{suffix}={tau:.3f}")
+    both = [abs(r["predicted_ttt"] / r["measured_ttt"] - 1) for r in table if r["predicted_ttt"] and r["measured_ttt"]]
+    if both:  # how far the time to target is off where the plan and the measurement both reach it
+        print(f"RESULT plan_time_to_target_error_max_{args.setup}{suffix}={max(both):.3f} (of {len(both)} reaching it "
+              f"in both; {sum(1 for r in table if bool(r['predicted_ttt']) != bool(r['measured_ttt']))} in one only)")
     print(f"RESULT auto_regret_{args.setup}{suffix}={regret:.3f}")
 
 
