@@ -243,7 +243,8 @@ def test_plan_only_measures_the_engines_lists_refusals_and_trains_nothing(kernel
     kernel.run(f"_cluster, {session}.cluster = {session}.cluster, None").check()
     try:  # with no cluster, the accuracy part says what to do, and --no-accuracy gives the epoch times at once
         refused = kernel.run("%dist plan --workers 4", timeout=30)
-        assert refused.ename == "OptionError" and "--no-accuracy for the epoch times" in refused.evalue, refused.error_text
+        assert refused.ename == "OptionError", refused.error_text
+        assert "--no-accuracy for the epoch times" in refused.evalue
         assert "stops scaling at" in kernel.run("%dist plan --workers 4 --no-accuracy", timeout=30).check().stdout
     finally:
         kernel.run(f"{session}.cluster = _cluster").check()
