@@ -126,7 +126,7 @@ def emulation_check(args) -> str:
     rows = [row for row in parse_rows(args.strategies) if row.label in stored and row.strategy != "local"]
     plan = make_plan(cluster_costs(args), [(row.strategy, row.options) for row in rows])
     emulated = scaled_accuracy(args, plan, [args.workers], None)
-    lines = [f"| set-up | strategy | real (engines, PS) | emulated (one engine) |", "|---|---|---|---|"]
+    lines = ["| set-up | strategy | real (engines, PS) | emulated (one engine) |", "|---|---|---|---|"]
     for row, p in zip(rows, plan.predictions):
         curve = emulated.get((p.label, args.workers)) or {}
         lines.append(f"| {args.setup}, {args.workers} | {row.label} | "

@@ -10,7 +10,7 @@ the asynchronous strategies at scale, is taken as measured on loopback, and the 
 
 from __future__ import annotations
 
-from ..errors import OptionError
+from ..errors import ClusterError, OptionError
 from ..hetero import Profile, StepCost, parse_clock, parse_simulate
 from .calibrate import steady_epoch_s
 from .costs import ClusterCosts, ServerCosts
@@ -155,9 +155,11 @@ def plan_table(plan: Plan | None, workers: str | None = None, session=None) -> s
         raise OptionError(f"%dist plan --workers takes positive worker counts. Received: {workers}")
     curves = None
     if session is not None and plan.cell:
-        if session.cluster is None or session.cluster.client is None:
+        try:
+            session.require_cluster()
+        except ClusterError:
             raise OptionError("%dist plan --workers predicts the accuracy at those counts from short runs of virtual "
                               "workers on an engine, and no cluster is running: %dist start -n 1 first, or add "
-                              "--no-accuracy for the epoch times alone.")
+                              "--no-accuracy for the epoch times alone.") from None
         curves = scaled_curves(session, plan.cell, plan.options, plan, counts)
     return scaling_table(plan, counts, curves=curves)

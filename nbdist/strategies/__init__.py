@@ -36,7 +36,7 @@ COMMON_OPTIONS = (
 )
 
 REGISTRY: dict[str, type[Strategy]] = {}
-INTERNAL: dict[str, type[Strategy]] = {}  # strategies nbdist runs for itself (the planner's profile), never listed
+INTERNAL: dict[str, type[Strategy]] = {}  # what nbdist runs for itself (the profile, virtual workers), never listed
 _listeners: list = []  # called with the class when one is registered (the magic rebuilds its parser)
 
 
