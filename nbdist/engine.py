@@ -9,7 +9,7 @@ import socket
 import time
 
 from .host import boot_id, network_namespace, versions
-from .namespace import run_source, working_directory
+from .namespace import working_directory
 
 
 def probe() -> dict:
@@ -97,18 +97,25 @@ def _short_run(spec: dict, request) -> None:
 
 
 def run_training_cell(spec: dict) -> list:
-    """Run the training cell with `fit` replaced by the strategy's worker; return one result per fit.
+    """Run the training cell under its strategy: each `fit` replaced by the strategy's worker, every optimizer step
+    of the cell's own through the worker's `step` (the step seam); return one result per fit, or one for a cell that
+    stepped its optimizers itself (what each of its stepping statements left on rank 0).
 
     Returns:
-        a list of `FitResult` (one per `fit` call the cell made, in order).
+        a packed list of `FitResult` (`FitResult.pack`).
     """
     from ipyparallel.datapub import publish_data
 
     from . import callbacks, interrupt_guard
+    from .cell_runner import cell_tree, run_statements
     from .errors import NoFitCall
     from .keras_bridge import FitResult, intercept_fit
-    from .reporter import ProgressReporter  # imports Keras: engines only
+    from .loop_data import LoopData
+    from .namespace import python_of, user_namespace
+    from .reporter import LoopReporter, ProgressReporter  # imports Keras: engines only
+    from .step_seam import StepSeam
     from .strategies import strategy_class
+    from .training_code import training_of
 
     started = time.time()
     reporters = []
@@ -120,10 +127,15 @@ def run_training_cell(spec: dict) -> list:
 
     worker = strategy_class(spec["strategy"]).worker_class(spec, make_reporter)
     results: list[FitResult] = []
+    seam = None
 
     def handler(request):
         _short_run(spec, request)
-        history = worker.fit(request)
+        seam.fitting += 1
+        try:
+            history = worker.fit(request)
+        finally:
+            seam.fitting -= 1
         reporter = reporters[-1] if reporters else None
         timings = {"cell_start": spec.get("cell_start"), "engine_start": started,
                    "first_step": getattr(reporter, "first_step_t", None), "fit_end": time.time(),
@@ -133,14 +145,39 @@ def run_training_cell(spec: dict) -> list:
         results.append(worker.result(request, history, getattr(reporter, "records", ()), timings, states))
         return history
 
+    filename = f"<nbdist training cell, run {spec['run']}>"
+    namespace = user_namespace()
+    python = python_of(spec["cell"])
+    training = training_of(python, namespace)
+    data = LoopData(spec["rank"], spec["size"], worker.synchronous)
+    loop_reporter = LoopReporter(spec["run"], spec["rank"], publish_data, batch_size=data.batch_size,
+                                 extra=worker.loop_extra)
+
+    def on_step(index, loss, flags):
+        if index == 0:
+            loop_reporter.step(loss)
+        worker.act_on_controls(flags)
+
+    seam = StepSeam(worker, on_step, loops=training.loop)
     _seed(spec)
+    outcome = None
     with _interrupt_reported_short(spec["run"]), interrupt_guard.training(), working_directory(spec.get("cwd")), \
             _deterministic_ops(spec), callbacks.one_writer(spec["rank"], spec["size"]), worker.cell_context(), \
-            intercept_fit(handler):
-        run_source(spec["cell"], f"<nbdist training cell, run {spec['run']}>")
-    if not results:
+            intercept_fit(handler), seam, (worker.loop_context() if training.loop else contextlib.nullcontext()):
+        outcome = run_statements(cell_tree(python, namespace, filename), filename, namespace, seam, data,
+                                 capture=training.loop and spec["rank"] == 0,
+                                 statement_ended=worker.statement_ended)
+    if not results and not seam.outside_fit:
         raise NoFitCall(
-            "the training cell finished without calling model.fit(...). Put the fit call in the "
-            "%%distribute cell (it may be inside a function from a definition cell), or run the cell without %%distribute."
+            "the training cell finished without calling model.fit(...) or stepping an optimizer. Put the fit call "
+            "(or the training loop) in the %%distribute cell (it may be inside a function from a definition cell), "
+            "or run the cell without %%distribute."
         )
+    if seam.outside_fit:
+        loop_reporter.close(seam.loss)
+        timings = {"cell_start": spec.get("cell_start"), "engine_start": started,
+                   "first_step": loop_reporter.first_step_t, "fit_end": time.time(), **worker.fit_timings}
+        results.append(FitResult([], [], {}, {}, [], records=loop_reporter.records, timings=timings,
+                                 loop={**outcome, "steps": seam.steps, "optimizers": len(seam.optimizers),
+                                       "shards": data.shards}))
     return FitResult.pack(results)

@@ -72,6 +72,8 @@ class FitResult:
     files: list = field(default_factory=list)  # where file-writing callbacks wrote: [{"callback", "path", "host"}]
     parts: dict = field(default_factory=dict)  # a model-parallel worker's share: where its variables go, its timings
     kept: dict | None = None  # the weights stayed on the engines (`kept_weights`): where
+    loop: dict | None = None  # a cell that stepped its optimizers itself: {"snapshots": {statement: Snapshot},
+    # "steps", "stopped", "shards"} (`cell_runner`); the notebook installs the snapshots instead of the loop
 
     @staticmethod
     def pack(results: list) -> list:

@@ -27,6 +27,11 @@ def user_namespace() -> dict:
     return _shell().user_ns
 
 
+def python_of(source: str) -> str:
+    """Cell text (IPython syntax allowed) as the Python it runs."""
+    return _shell().transform_cell(source)
+
+
 def run_source(source: str, filename: str) -> None:
     """Execute cell text (IPython syntax allowed) in the engine's namespace, with a readable traceback."""
     shell = _shell()

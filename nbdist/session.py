@@ -349,6 +349,7 @@ class Session:
         if not cell.strip():
             raise OptionError("%%distribute needs a training cell below the magic line, with a model.fit(...) call.")
         strategy = strategy or self._strategy_for(cell, options)
+        self._check_training(cell, strategy)
         cluster = self.require_cluster()
         workers = self._choose_workers(strategy, cluster, options)
         strategy.values["plan_limit"] = _short_run_share(options.get("plan_samples"), strategy, workers)
@@ -390,6 +391,29 @@ class Session:
         train()
         self._conclude(run)
         return run
+
+    def _check_training(self, cell: str, strategy) -> None:
+        """From the cell's text, before any engine is touched: a cell that neither fits nor steps an optimizer is
+        refused, so is a loop under a strategy that cannot run one, or one iterating data it cannot share out."""
+        if self.shell is None:
+            return
+        from .loop_data import refuse_unshareable
+        from .training_code import training_of
+
+        training = training_of(self._python(cell), self.shell.user_ns)
+        if not (training.fit or training.steps):
+            raise OptionError("the training cell neither calls fit(...) nor steps an optimizer (optimizer.apply or "
+                              "apply_gradients after tape.gradient), so nothing would train on the engines. Put the "
+                              "fit call or the training loop in the %%distribute cell (it may call a function that "
+                              "does), or run the cell without %%distribute.")
+        if training.fit and training.steps:
+            raise OptionError("the training cell both calls fit(...) and steps an optimizer itself (a loop of its "
+                              "own): put the hand-written loop and the fit in cells of their own.")
+        strategy.loop = training.loop
+        if training.loop:
+            strategy.refuse_loop()
+            if strategy.max_workers != 1:
+                refuse_unshareable(training.data_loops, self.shell.user_ns)
 
     @staticmethod
     def _choose_workers(strategy, cluster, options) -> list[int]:
@@ -450,7 +474,11 @@ class Session:
         self.replay_locally(run)
 
     def replay_locally(self, run: runs.Run) -> None:
-        """Run the training cell in the notebook with each `fit` returning the run's result."""
+        """Run the training cell in the notebook with each `fit` returning the run's result; a cell that stepped its
+        optimizers itself runs here without the statements that did, what they left on rank 0 installed instead."""
+        loop = next((fit.loop for fit in run.fits if fit.loop is not None), None)
+        if loop is not None:
+            return self._replay_loop(run, loop)
         results = iter(run.fits)
 
         def install(request):
@@ -466,6 +494,40 @@ class Session:
             keras.utils.set_random_seed(run.options["seed"])
         with intercept_fit(install):
             outcome = self.shell.run_cell(run.cell, store_history=False)
+        if not outcome.success:
+            raise NbdistError(f"run {run.id} trained on the engines, but the cell failed here (see above); "
+                              f"its results are in nbdist.last_run.")
+
+
+    def _replay_loop(self, run: runs.Run, loop: dict) -> None:
+        from . import loop_state
+        from .step_seam import no_steps_here
+
+        for name, share in loop.get("shards", {}).items():
+            print(f"nbdist: each worker's loop iterated {share} of {name}.")
+        source = loop_state.replay_source(self._python(run.cell), loop["snapshots"], loop["ran"])
+        namespace = self.shell.user_ns
+
+        def install(index: int) -> None:
+            snapshot = loop["snapshots"][index]
+            if snapshot.stdout:
+                print(snapshot.stdout, end="" if snapshot.stdout.endswith("\n") else "\n")
+            for problem in loop_state.install(snapshot, namespace):
+                print(f"nbdist: {problem}.")
+
+        if run.options.get("seed") is not None:
+            import keras
+
+            keras.utils.set_random_seed(run.options["seed"])
+        namespace[loop_state.INSTALL] = install
+        try:
+            with no_steps_here():
+                outcome = self.shell.run_cell(source, store_history=False)
+        finally:
+            namespace.pop(loop_state.INSTALL, None)
+        if loop.get("stopped"):
+            print(f"nbdist: run {run.id} was stopped: the loop ended after its step {loop['steps']}, and the cell's "
+                  "later statements did not run.")
         if not outcome.success:
             raise NbdistError(f"run {run.id} trained on the engines, but the cell failed here (see above); "
                               f"its results are in nbdist.last_run.")

@@ -150,6 +150,47 @@ class Worker:
                               "its own), which it cannot. Train it with --strategy hfdt (every optimizer's "
                               "gradients averaged across ranks) or local.")
 
+    # -- the cell's own optimizer steps (a hand-written loop; DESIGN.md section 13) --------------------------
+    synchronous = False  # every rank must make the same steps (its loop's data is checked for a known length)
+
+    @contextlib.contextmanager
+    def loop_context(self):
+        """Around a cell that steps its optimizers itself: what its steps need (the run's controls here; Horovod's
+        job, the parameter server's client in the strategies that extend it)."""
+        self.loop_control = self.control_point()
+        try:
+            yield
+        finally:
+            self.loop_control.close()
+
+    def routes_in_fit(self, optimizer) -> bool:
+        """Whether a step of `optimizer` made inside `fit` goes through `step` (else `fit`'s own path has it)."""
+        return False
+
+    def step(self, index: int, optimizer, grads: list, variables: list, apply):
+        """One step of the cell's optimizer number `index` (the order of first steps): by default `apply(grads,
+        variables)`, the step as it is. Returns the control flags the ranks agreed in it (a tensor), or None."""
+        apply(grads, variables)
+        return None
+
+    def act_on_controls(self, flags) -> None:
+        """After a step of the cell's loop: a pause waits here, a stop ends the loop (`LoopStopped`). `flags`: what
+        the ranks agreed in the step (synchronous strategies), else this worker's own view of the controls."""
+        from ..step_seam import LoopStopped
+
+        control = self.loop_control
+        control.act(control.flags() if flags is None else flags)  # a pause waits here
+        if control.stopped:
+            raise LoopStopped("the run was stopped")
+
+    def statement_ended(self) -> None:
+        """A top-level statement of the cell that stepped has ended (the parameter server's workers wait for the
+        others' last pushes here and take the final weights)."""
+
+    def loop_extra(self) -> dict:
+        """This worker's own fields of a loop's metric records (staleness, bytes sent)."""
+        return {}
+
     def user_callbacks(self, request) -> list:
         """The cell's callbacks this rank runs: all on rank 0, the file writers nowhere else
         (see `nbdist.callbacks`); what changed for this rank is undone when their state is collected."""
@@ -179,11 +220,22 @@ class Strategy:
     survives_worker_loss: ClassVar[bool] = False  # True: a dead worker is reported, the others finish
     uses_control_bus: ClassVar[bool] = True  # False: the strategy carries its controls itself (the PS)
     fills_own_part: ClassVar[bool] = False  # True: engines build models empty and fill only their part (`empty_weights`)
+    # why a cell that steps its optimizers itself (a hand-written loop) is refused; None: this strategy runs one
+    loop_refusal: ClassVar[str | None] = "it distributes a model's fit(...), not a loop's own optimizer steps"
 
     def __init__(self, values: dict):
         self.values = values
         self.bus = None  # the run's control bus (`nbdist.control_bus`), set by `Run` while it runs
         self.notebook_models: dict = {}  # fills_own_part: {name: the notebook's `ModelState`}, set before prepare
+        self.loop = False  # the run's cell steps its optimizers itself (set before prepare)
+
+    def refuse_loop(self) -> None:
+        """Refuse a hand-written loop by name, before any engine is touched, where this strategy cannot run one."""
+        if self.loop_refusal is not None:
+            raise OptionError(f"--strategy {self.name} cannot run a training loop of the cell's own: "
+                              f"{self.loop_refusal}. Run the loop under --strategy local, hfdt, or a "
+                              "parameter-server strategy (nfdt, asgd, ddc-asgd and the other delay rules, ssgd), "
+                              "or train with model.fit(...).")
 
     @classmethod
     def decision_lines(cls, run) -> list[str]:

@@ -50,6 +50,7 @@ class LocalStrategy(Strategy):
     worker_class = LocalWorker
     max_workers = 1
     default_workers = 1
+    loop_refusal = None
 
     def prepare(self, run, cluster) -> dict:
         return self.clock_config(1)

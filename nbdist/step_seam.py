@@ -1,0 +1,160 @@
+"""The optimizer step as the seam (DESIGN.md section 13): within a training cell on an engine, every step of a
+Keras optimizer (`apply`, which `apply_gradients` and Keras' own train steps end in), eager or traced into a
+`tf.function`, goes through the worker's `step` (Horovod's allreduce first, a push-pull with the parameter
+server instead, or the step as it is); each optimizer is numbered in the order of its first step, the same on
+every rank. The seam counts the steps of the first optimizer, reads the loss each step's gradients came from
+(the target of the `tape.gradient` just before) and hands both to `on_step` after the update, in Python: where
+the step is traced, through one `tf.numpy_function` op in it.
+
+Inside `fit` the strategy's own path keeps what it routes (`Worker.routes_in_fit`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+
+import numpy as np
+
+
+class LoopStopped(Exception):
+    """The run's controls said stop: a hand-written loop ends between two steps (raised from the step's hook)."""
+
+
+class StepSeam:
+    """A context manager: every optimizer step of the cell goes to `router.step(index, optimizer, grads,
+    variables, apply)` (which returns this step's agreed control flags as a tensor, or None) and then to
+    `on_step(index, loss, flags)`; `router.routes_in_fit(optimizer)` says which steps made inside `fit` it
+    takes (the others run as they are)."""
+
+    def __init__(self, router, on_step=None, loops: bool = True):
+        self.router = router
+        self.on_step = on_step
+        self.loops = loops  # False: the cell trains by fit, and a step of its own outside fit is refused
+        self.stop_requested = False  # on_step raised LoopStopped
+        self.optimizers: list = []  # in the order of their first step
+        self.steps = 0  # steps of the first optimizer, outside fit
+        self.outside_fit = 0  # steps of any optimizer, outside fit
+        self.loss: float | None = None  # of the last step of the first optimizer
+        self.fitting = 0  # fit calls in progress
+        self._target = threading.local()  # the last tape.gradient target of this thread
+        self._saved: list = []
+
+    # -- the patches ------------------------------------------------------------------------------------
+    def __enter__(self):
+        import tensorflow as tf
+        from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+        seam, apply, gradient = self, BaseOptimizer.apply, tf.GradientTape.gradient
+
+        def routed_apply(optimizer, grads, trainable_variables=None):
+            grads = list(grads)
+            if not grads or not seam.takes(optimizer):
+                return apply(optimizer, grads, trainable_variables)
+            variables = list(trainable_variables if trainable_variables is not None
+                             else optimizer._trainable_variables)
+            return seam.step(optimizer, grads, variables, lambda g, v: apply(optimizer, g, v))
+
+        def noted_gradient(tape, target, *args, **kwargs):
+            seam._target.value = target
+            return gradient(tape, target, *args, **kwargs)
+
+        routed_apply.__doc__, noted_gradient.__doc__ = apply.__doc__, gradient.__doc__
+        self._saved = [(BaseOptimizer, "apply", apply), (tf.GradientTape, "gradient", gradient)]
+        BaseOptimizer.apply, tf.GradientTape.gradient = routed_apply, noted_gradient
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, original in self._saved:
+            setattr(owner, name, original)
+        self._saved = []
+
+    # -- one step --------------------------------------------------------------------------------------
+    def takes(self, optimizer) -> bool:
+        """Whether this step is the seam's: every step outside fit; inside it, those the router takes."""
+        return not self.fitting or self.router.routes_in_fit(optimizer)
+
+    def index(self, optimizer) -> int:
+        """The optimizer's number: the order of its first step (the same on every rank)."""
+        for i, known in enumerate(self.optimizers):
+            if known is optimizer:
+                return i
+        self.optimizers.append(optimizer)
+        return len(self.optimizers) - 1
+
+    def step(self, optimizer, grads, variables, apply):
+        import tensorflow as tf
+
+        if not self.fitting and not self.loops:
+            from .errors import OptionError
+
+            raise OptionError("this cell steps an optimizer itself (a loop of its own) besides calling fit(...): "
+                              "put the hand-written loop and the fit in cells of their own")
+        index, loss = self.index(optimizer), self._loss()
+        flags = self.router.step(index, optimizer, grads, variables, apply)
+        if self.fitting:
+            return None
+        flags = tf.fill([2], -1.0) if flags is None else tf.cast(flags, tf.float32)  # negative: none agreed
+        if tf.executing_eagerly():
+            self._after(index, None if loss is None else loss.numpy(), flags.numpy())
+        else:  # traced: the op runs after the update (stateful ops keep their order in a tf.function)
+            loss = tf.constant(math.nan, tf.float32) if loss is None else loss
+            tf.numpy_function(self._after, [tf.constant(index, tf.int64), loss, flags], tf.int64, stateful=True,
+                              name="nbdist_step_done")
+        return None
+
+    def _after(self, index, loss, flags) -> np.int64:
+        index = int(index)
+        self.outside_fit += 1
+        loss = None if loss is None or not np.isfinite(loss) else float(loss)
+        if index == 0:
+            self.steps += 1
+            self.loss = loss
+        if self.on_step is not None:
+            try:
+                flags = np.asarray(flags)
+                self.on_step(index, loss, None if flags[0] < 0 else flags)
+            except LoopStopped:
+                self.stop_requested = True
+                raise
+        return np.int64(self.steps)
+
+    def _loss(self):
+        """The loss the step's gradients came from, as a float32 scalar of this graph (None if unknown)."""
+        import tensorflow as tf
+
+        target = getattr(self._target, "value", None)
+        self._target.value = None
+        flat = [t for t in tf.nest.flatten(target) if tf.is_tensor(t)] if target is not None else []
+        if not flat:
+            return None
+        tensor = flat[0]
+        symbolic = tf.is_symbolic_tensor(tensor)
+        if symbolic == tf.executing_eagerly():  # computed in another graph than this step's
+            return None
+        if symbolic and tensor.graph is not tf.compat.v1.get_default_graph():
+            return None
+        return tf.reduce_mean(tf.cast(tensor, tf.float32))
+
+
+@contextlib.contextmanager
+def no_steps_here():
+    """Within (the notebook's replay of a loop cell): an optimizer step is an error, never a silent local step; the
+    statements that stepped on the engines are installed, not run."""
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    from .errors import NbdistError
+
+    apply = BaseOptimizer.apply
+
+    def refused(optimizer, grads, trainable_variables=None):
+        raise NbdistError("a statement of the cell stepped an optimizer in the notebook while nbdist replayed it "
+                          "(it made no step on the engines): nbdist installs what the engines' steps left instead, "
+                          "so the step was refused. Make the steps the same on the engines and here.")
+
+    BaseOptimizer.apply = refused
+    try:
+        yield
+    finally:
+        BaseOptimizer.apply = apply
