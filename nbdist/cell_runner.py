@@ -17,10 +17,24 @@ from .namespace import NAMES_VAR
 from .training_code import DATA_WRAPPER, shard_data_loops
 
 
-def cell_tree(python: str, namespace: dict, filename: str) -> ast.Module:
-    """The cell's statements, its data loops wrapped; its source kept for tracebacks under `filename`."""
+def cell_tree(python: str, filename: str, loops_at) -> ast.Module:
+    """The cell's statements, its data loops (starting at `loops_at`) wrapped; its source kept for tracebacks
+    under `filename`."""
     linecache.cache[filename] = (len(python), None, python.splitlines(True), filename)
-    return shard_data_loops(ast.parse(python, filename), namespace)
+    return shard_data_loops(ast.parse(python, filename), loops_at)
+
+
+def fresh_traces(namespace: dict) -> list[str]:
+    """Every `tf.function` of the engine's namespace that an earlier run traced, made anew (same options): a trace
+    holds the step as that run routed it (its Horovod job, its parameter-server client), so this run traces its
+    own. Returns their names."""
+    renewed = []
+    for name, value in list(namespace.items()):
+        count = getattr(value, "experimental_get_tracing_count", None)
+        if callable(count) and hasattr(value, "_clone") and count() > 0:
+            namespace[name] = value._clone(python_function=None)
+            renewed.append(name)
+    return renewed
 
 
 def run_statements(tree: ast.Module, filename: str, namespace: dict, seam, data, capture: bool,

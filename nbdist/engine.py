@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 import time
 
 from .host import boot_id, network_namespace, versions
@@ -107,7 +108,7 @@ def run_training_cell(spec: dict) -> list:
     from ipyparallel.datapub import publish_data
 
     from . import callbacks, interrupt_guard
-    from .cell_runner import cell_tree, run_statements
+    from .cell_runner import cell_tree, fresh_traces, run_statements
     from .errors import NoFitCall
     from .keras_bridge import FitResult, intercept_fit
     from .loop_data import LoopData
@@ -115,7 +116,7 @@ def run_training_cell(spec: dict) -> list:
     from .reporter import LoopReporter, ProgressReporter  # imports Keras: engines only
     from .step_seam import StepSeam
     from .strategies import strategy_class
-    from .training_code import training_of
+    from .training_code import Training, training_of
 
     started = time.time()
     reporters = []
@@ -148,7 +149,8 @@ def run_training_cell(spec: dict) -> list:
     filename = f"<nbdist training cell, run {spec['run']}>"
     namespace = user_namespace()
     python = python_of(spec["cell"])
-    training = training_of(python, namespace)
+    # how the cell trains, as the kernel read it from the notebook (which has the source of every function)
+    training = Training(**spec["training"]) if spec.get("training") else training_of(python, namespace)
     data = LoopData(spec["rank"], spec["size"], worker.synchronous)
     loop_reporter = LoopReporter(spec["run"], spec["rank"], publish_data, batch_size=data.batch_size,
                                  extra=worker.loop_extra)
@@ -159,12 +161,20 @@ def run_training_cell(spec: dict) -> list:
         worker.act_on_controls(flags)
 
     seam = StepSeam(worker, on_step, loops=training.loop)
+    if training.loop:
+        fresh_traces(namespace)
+    if spec.get("states"):  # the loop's optimizers and metrics, as the notebook holds them
+        from .loop_state import Snapshot, install
+
+        problems = install(Snapshot(states=spec["states"]), namespace)
+        if problems:
+            print("nbdist: " + "; ".join(problems), file=sys.stderr)
     _seed(spec)
     outcome = None
     with _interrupt_reported_short(spec["run"]), interrupt_guard.training(), working_directory(spec.get("cwd")), \
             _deterministic_ops(spec), callbacks.one_writer(spec["rank"], spec["size"]), worker.cell_context(), \
             intercept_fit(handler), seam, (worker.loop_context() if training.loop else contextlib.nullcontext()):
-        outcome = run_statements(cell_tree(python, namespace, filename), filename, namespace, seam, data,
+        outcome = run_statements(cell_tree(python, filename, training.loops_at), filename, namespace, seam, data,
                                  capture=training.loop and spec["rank"] == 0,
                                  statement_ended=worker.statement_ended)
     if not results and not seam.outside_fit:

@@ -223,3 +223,48 @@ def replay_source(python: str, snapshots: dict, ran: int) -> str:
 
 def _install_call(k: int) -> ast.stmt:
     return ast.Expr(ast.Call(ast.Name(INSTALL, ast.Load()), [ast.Constant(k)], []))
+
+
+# -- the loop's optimizers and metrics, carried into a run as the notebook holds them -----------------------
+def cell_objects(python: str, namespace: dict) -> dict:
+    """The notebook's Keras optimizers and metrics a loop cell reads (itself or through its functions): their state
+    goes to the engines before the cell runs there, as the models' does."""
+    import keras
+
+    from .model_sync import free_names
+    from .training_code import globals_read
+
+    free = free_names(python)
+    names = dict.fromkeys([*free, *globals_read(free, namespace)])
+    return {n: namespace[n] for n in names
+            if isinstance(namespace.get(n), (keras.optimizers.Optimizer, keras.metrics.Metric))}
+
+
+def config_digest(value) -> str:
+    """What must match for an engine's object to take the notebook's state in place: its class and config."""
+    import hashlib
+    import json
+
+    text = json.dumps([type(value).__qualname__, value.get_config()], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def states_of(objects: dict, namespace: dict) -> dict[str, dict]:
+    """`keras_state` of each object (an unbuilt optimizer has none)."""
+    owners = _variable_owners(namespace)
+    states = {name: keras_state(value, name, owners) for name, value in objects.items()}
+    return {name: state for name, state in states.items() if state is not None}
+
+
+def object_digests(names: list[str]) -> dict[str, str | None]:
+    """Engine side: `config_digest` of this engine's objects of these names (None where it has none)."""
+    from .namespace import user_namespace
+
+    namespace = user_namespace()
+    out = {}
+    for name in names:
+        try:
+            out[name] = config_digest(namespace[name]) if name in namespace else None
+        except Exception:  # noqa: BLE001 - an object without a config is sent anew
+            out[name] = None
+    return out

@@ -36,10 +36,14 @@ def free_names(python: str) -> list[str]:
 
 
 def models_used(python: str, namespace: dict) -> dict:
-    """The notebook's Keras models the cell uses before rebinding their names: {name: model}."""
+    """The notebook's Keras models the cell uses before rebinding their names, itself or through the notebook's
+    functions it calls (a loop's `train_step`): {name: model}."""
     import keras
 
-    return {name: namespace[name] for name in free_names(python)
+    from .training_code import globals_read
+
+    free = free_names(python)
+    return {name: namespace[name] for name in dict.fromkeys([*free, *globals_read(free, namespace)])
             if isinstance(namespace.get(name), keras.Model)}
 
 

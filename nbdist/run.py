@@ -320,7 +320,8 @@ def _submit(run: Run, cluster: ClusterHandle, eid: int, rank: int, size: int, co
     """Start the training cell on engine `eid` as rank `rank` of `size`; its AsyncResult."""
     spec = {"run": run.id, "strategy": run.strategy, "options": run.controller.values, "size": size, "rank": rank,
             "seed": run.options.get("seed"), "cell": run.cell, "cell_start": run.started_at, "config": config,
-            "control": control, "cwd": os.getcwd()}  # an engine that sees the notebook's folder runs the cell there
+            "control": control, "cwd": os.getcwd(),  # an engine that sees the notebook's folder runs the cell there
+            "training": run.controller.training, "states": run.controller.loop_states}
     return cluster.client[eid].apply_async(engine.run_training_cell, spec)
 
 

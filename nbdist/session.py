@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from . import bring, lifeline, namespace
 from . import run as runs
@@ -209,7 +209,27 @@ class Session:
         return sent
 
     # -- what the cell uses, brought (no marks needed) -----------------------------------------
-    def bring_plan(self, cell: str, names: list[str] | None = None) -> list[bring.Item]:
+    def _loop_objects(self, cell: str, strategy, workers: list[int]) -> set[str]:
+        """A loop cell's optimizers and metrics: their notebook state goes with the run (`strategy.loop_states`,
+        installed on each engine before the cell); those an engine already holds (same class and config) are
+        not brought again, so its traced steps keep stepping the same objects. Returns their names."""
+        if not strategy.loop or self.shell is None:
+            return set()
+        from . import loop_state
+
+        objects = loop_state.cell_objects(self._python(cell), self.shell.user_ns)
+        strategy.loop_states = loop_state.states_of(objects, self.shell.user_ns)
+        objects = {name: value for name, value in objects.items() if name in strategy.loop_states}  # (a new,
+        # unbuilt optimizer is sent anew: the engine's may hold an older one's steps)
+        if not objects:
+            return set()
+        cluster = self.require_cluster()
+        have = [cluster.client[eid].apply_async(loop_state.object_digests, list(objects)) for eid in workers]
+        have = [ar.get(timeout=LIMITS.definition_s) for ar in have]
+        return {name for name, value in objects.items()
+                if all(theirs.get(name) == loop_state.config_digest(value) for theirs in have)}
+
+    def bring_plan(self, cell: str, names: list[str] | None = None, skip: set[str] = frozenset()) -> list[bring.Item]:
         """What the cell (or `names`) needs from this notebook that marked cells and model sync do not give."""
         from . import model_sync
         from .bring.names import bindings
@@ -222,7 +242,7 @@ class Session:
         models = model_sync.models_used(python, namespace)
         also = model_sync.own_classes(models.values(), namespace)  # the models' custom layers, for their unpickling
         rebuilt = {n for n, m in models.items() if model_sync.rebuild_error(m) is None}  # the others: by their code
-        return bring.plan(python, namespace, self._notebook_cells(), marked | rebuilt, names, also)
+        return bring.plan(python, namespace, self._notebook_cells(), marked | rebuilt | set(skip), names, also)
 
     def _notebook_cells(self) -> list[tuple[int, str]]:
         history = self.shell.user_ns.get("In") or []
@@ -355,7 +375,8 @@ class Session:
         strategy.values["plan_limit"] = _short_run_share(options.get("plan_samples"), strategy, workers)
         cluster.refresh(workers)
         self.sync_definitions(workers, empty_weights=strategy.fills_own_part)
-        items = [] if options.get("no_bring") else self.bring_plan(cell)  # a refusal comes before any work
+        kept = self._loop_objects(cell, strategy, workers)
+        items = [] if options.get("no_bring") else self.bring_plan(cell, skip=kept)  # a refusal comes before any work
         first, rest = self._before_models(cell, strategy, items)
         early = bring.send(first, cluster, workers) if first else None  # the classes the notebook's models use
         if strategy.fills_own_part:  # the values its engines fetch, each its own part (the cell's start state)
@@ -409,7 +430,7 @@ class Session:
         if training.fit and training.steps:
             raise OptionError("the training cell both calls fit(...) and steps an optimizer itself (a loop of its "
                               "own): put the hand-written loop and the fit in cells of their own.")
-        strategy.loop = training.loop
+        strategy.training = asdict(training)
         if training.loop:
             strategy.refuse_loop()
             if strategy.max_workers != 1:

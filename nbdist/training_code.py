@@ -29,6 +29,7 @@ class Training:
     fit: bool
     steps: bool
     data_loops: tuple[str, ...] = ()
+    loops_at: tuple[tuple[int, int], ...] = ()  # where each data loop starts: (line, column)
 
     @property
     def loop(self) -> bool:
@@ -43,8 +44,10 @@ def training_of(python: str, namespace: dict | None = None) -> Training:
     except SyntaxError:
         return Training(fit=False, steps=False)
     follow = _Follower(namespace or {}, tree)
+    loops = data_loops(tree, follow)
     return Training(fit=follow.calls(tree, FIT_CALLS), steps=follow.calls(tree, STEP_CALLS),
-                    data_loops=tuple(dict.fromkeys(n for loop in data_loops(tree, follow) for n in _iter_names(loop))))
+                    data_loops=tuple(dict.fromkeys(n for loop in loops for n in _iter_names(loop))),
+                    loops_at=tuple((loop.lineno, loop.col_offset) for loop in loops))
 
 
 def data_loops(tree: ast.AST, follow: "_Follower | None" = None) -> list[ast.For]:
@@ -59,12 +62,13 @@ def data_loops(tree: ast.AST, follow: "_Follower | None" = None) -> list[ast.For
     return found
 
 
-def shard_data_loops(tree: ast.Module, namespace: dict | None = None) -> ast.Module:
-    """`tree` with every name a data loop iterates wrapped in `__nbdist_loop_data__(value, "name")` (the engine
-    gives each worker its shard of it there), and the same names subscripted in that loop's body (`x[i:i + b]` of
-    a loop over `range(0, len(x), b)`)."""
-    follow = _Follower(namespace or {}, tree)
-    for loop in data_loops(tree, follow):
+def shard_data_loops(tree: ast.Module, at) -> ast.Module:
+    """`tree` with every name a data loop (those starting at `at`, `Training.loops_at`) iterates wrapped in
+    `__nbdist_loop_data__(value, "name")` (the engine gives each worker its shard of it there), and the same names
+    subscripted in that loop's body (`x[i:i + b]` of a loop over `range(0, len(x), b)`)."""
+    at = {tuple(where) for where in at}
+    for loop in [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.AsyncFor))
+                 and (n.lineno, n.col_offset) in at]:
         names = set(_iter_names(loop))
         loop.iter = _Wrap(names).visit(loop.iter)
         wrap_subscripts = _WrapSubscripts(names)
@@ -97,6 +101,12 @@ def read_names(statement: ast.stmt, namespace: dict) -> list[str]:
     for name in list(dict.fromkeys(seen)):
         seen += follow.globals_of(namespace.get(name))
     return [n for n in dict.fromkeys(seen) if n in namespace]
+
+
+def globals_read(names, namespace: dict) -> list[str]:
+    """The module names the notebook's functions among `names` read (followed into the functions they call)."""
+    follow = _Follower(namespace)
+    return list(dict.fromkeys(n for name in names for n in follow.globals_of(namespace.get(name))))
 
 
 # -- following calls into the notebook's own code -----------------------------------------------------------

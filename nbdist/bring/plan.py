@@ -121,6 +121,7 @@ def local_paths(source: str) -> list[str]:
 
 
 def _defined_in_notebook(value) -> bool:
+    value = getattr(value, "python_function", value)  # a tf.function of the notebook's travels as its source
     return (inspect.isfunction(value) or inspect.isclass(value)) and getattr(value, "__module__", None) == "__main__"
 
 

@@ -227,10 +227,19 @@ class Strategy:
         self.values = values
         self.bus = None  # the run's control bus (`nbdist.control_bus`), set by `Run` while it runs
         self.notebook_models: dict = {}  # fills_own_part: {name: the notebook's `ModelState`}, set before prepare
-        self.loop = False  # the run's cell steps its optimizers itself (set before prepare)
+        self.training: dict | None = None  # how the cell trains, as the kernel read it (`training_code.Training`)
+        self.loop_states: dict = {}  # a loop cell's optimizers and metrics as the notebook holds them (`loop_state`)
+
+    @property
+    def loop(self) -> bool:
+        """The run's cell steps its optimizers itself (a hand-written loop)."""
+        return bool(self.training and self.training["fit"] is False and self.training["steps"])
 
     def refuse_loop(self) -> None:
         """Refuse a hand-written loop by name, before any engine is touched, where this strategy cannot run one."""
+        if self.values.get("simulate"):
+            raise OptionError("--simulate slows or times the steps of fit(...); a training loop of the cell's own "
+                              "runs at its engines' own speed. Leave --simulate out for the loop.")
         if self.loop_refusal is not None:
             raise OptionError(f"--strategy {self.name} cannot run a training loop of the cell's own: "
                               f"{self.loop_refusal}. Run the loop under --strategy local, hfdt, or a "

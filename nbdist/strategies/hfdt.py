@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import time
 
-from ..errors import CollectiveStalled, EngineDied
+from ..errors import CollectiveStalled, EngineDied, OptionError
 from ..limits import LIMITS
 from ..rendezvous import Rendezvous, host_plan, require_horovod
 from .base import Option, Reports, Strategy
@@ -67,6 +67,7 @@ class HfdtStrategy(Strategy):
         "grown": lambda e, run: (f"the Horovod job grew to {e['size']} ranks at the start of epoch {e['epoch'] + 1} "
                                  f"(step {e['step']})")})
     worker_class = HfdtWorker
+    loop_refusal = None
 
     def __init__(self, values):
         super().__init__(values)
@@ -88,8 +89,15 @@ class HfdtStrategy(Strategy):
 
     @property
     def elastic(self) -> bool:
-        """Whether survivors re-form the job (--balance auto sized every rank's batch for the first job)."""
-        return self.value("on_failure") == "continue" and self.value("balance") != "auto"
+        """Whether survivors re-form the job (--balance auto sized every rank's batch for the first job; a loop of
+        the cell's own has no epoch to resume from: a death fails it, naming the engine)."""
+        return self.value("on_failure") == "continue" and self.value("balance") != "auto" and not self.loop
+
+    def refuse_loop(self) -> None:
+        if self.value("balance") == "auto":
+            raise OptionError("--balance auto sizes fit's batches by each rank's speed; a training loop of the "
+                              "cell's own takes its batches as it iterates them. Leave --balance out.")
+        super().refuse_loop()
 
     def prepare(self, run, cluster) -> dict:
         require_horovod()

@@ -7,6 +7,7 @@ balances batches (`--balance auto`), and keeps rank 0's files whole before any r
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -24,12 +25,15 @@ from ..step_timer import StepTimer
 from . import horovod_ops as ops
 from .base import Worker
 from .control_step import StepControls, acting_on
+from .hfdt_loop import HorovodLoop
 from .hfdt_elastic import LEFT_KEY, Survivor, elastic, is_collective_failure, join_grown_job
 from .stall_watch import StallWatch
 
 
 class HfdtWorker(Worker):
     """One Horovod rank: shards the data, averages gradients and epoch metrics across ranks."""
+
+    synchronous = True
 
     @property
     def slot(self) -> dict:
@@ -88,6 +92,33 @@ class HfdtWorker(Worker):
                 survivor.watch.stop()  # an interrupted fit ends before on_train_end would stop it
             if hvd is not None:
                 hvd.shutdown()
+
+    # -- a loop of the cell's own (`hfdt_loop`) ----------------------------------------------------------------
+    @contextlib.contextmanager
+    def loop_context(self):
+        with super().loop_context():
+            hvd = self._init_horovod()
+            self.size = hvd.size()
+            self.loop = HorovodLoop(hvd, self.loop_control, self.values["compression"],
+                                    self.values["scale_lr"] == "linear")
+            try:
+                yield
+                hvd.allgather_object(hvd.rank(), name="nbdist_loop_end")  # rank 0's files whole before any leaves
+            finally:
+                self.loop.restore()
+                hvd.shutdown()
+
+    def step(self, index, optimizer, grads, variables, apply):
+        return self.loop.step(index, optimizer, grads, variables, apply)
+
+    def statement_ended(self) -> None:
+        self.loop.restore()
+
+    def act_on_controls(self, flags) -> None:
+        from ..step_seam import LoopStopped
+
+        if self.loop.act(flags):
+            raise LoopStopped("the run was stopped")
 
     def _fit_ended(self, hvd, survivor) -> None:
         """Every rank's files closed; the recoveries and the batches each epoch trained, for the run's record."""

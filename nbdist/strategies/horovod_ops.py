@@ -18,8 +18,24 @@ def broadcast_from_rank0(hvd, variables) -> None:
 
 def allreduced(hvd, apply_gradients, compression: str | None, controls=None, weight: float = 1.0,
                name: str = "nbdist_gradients"):
-    """`optimizer.apply_gradients` that first averages the gradients over all ranks (one fused group);
-    `weight` multiplies this rank's gradients first (`hfdt --balance auto`: N b_rank / B).
+    """`optimizer.apply_gradients` that first averages the gradients over all ranks (`averaged`)."""
+    import tensorflow as tf
+
+    def apply(grads_and_vars):
+        pairs = list(grads_and_vars)
+        grads = averaged(hvd, [g for g, _ in pairs], compression, controls, weight, name)
+        # nothing of the update, the optimizer's step count included, runs unless the allreduce completed:
+        # a step that fails there (a dead rank) leaves this rank exactly at the last completed step
+        with tf.control_dependencies([g for g in grads if g is not None]):
+            return apply_gradients(zip(grads, [v for _, v in pairs]))
+
+    return apply
+
+
+def averaged(hvd, grads: list, compression: str | None, controls=None, weight: float = 1.0,
+             name: str = "nbdist_gradients") -> list:
+    """`grads` averaged over all ranks in one fused group (None stays None); `weight` multiplies this rank's
+    gradients first (`hfdt --balance auto`: N b_rank / B).
 
     With `StepControls`, each rank's view of the run's controls travels in the same group (read from a
     variable: no Python in the step) and the agreement is kept for after the call, so every rank pauses or
@@ -28,30 +44,21 @@ def allreduced(hvd, apply_gradients, compression: str | None, controls=None, wei
     import tensorflow as tf
 
     compressor = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
-
-    def apply(grads_and_vars):
-        pairs = list(grads_and_vars)
-        present = [i for i, (g, _) in enumerate(pairs) if g is not None]
-        dense = [tf.convert_to_tensor(pairs[i][0]) for i in present]  # IndexedSlices -> dense
-        if weight != 1.0:
-            dense = [g * tf.cast(weight, g.dtype) for g in dense]
-        if controls is not None:
-            dense.append(controls.seen.read_value())
-        # A fixed name: Horovod matches tensors across ranks by name, and the default (from
-        # layer names such as dense_3) differs on an engine that built other models before.
-        reduced = (hvd.grouped_allreduce(dense, op=hvd.Average, compression=compressor, name=name)
-                   if dense else [])
-        if controls is not None:
-            controls.agreed.assign(reduced.pop())
-        grads = [g for g, _ in pairs]
-        for i, g in zip(present, reduced):
-            grads[i] = g
-        # nothing of the update, the optimizer's step count included, runs unless the allreduce completed:
-        # a step that fails there (a dead rank) leaves this rank exactly at the last completed step
-        with tf.control_dependencies(reduced):
-            return apply_gradients(zip(grads, [v for _, v in pairs]))
-
-    return apply
+    present = [i for i, g in enumerate(grads) if g is not None]
+    dense = [tf.convert_to_tensor(grads[i]) for i in present]  # IndexedSlices -> dense
+    if weight != 1.0:
+        dense = [g * tf.cast(weight, g.dtype) for g in dense]
+    if controls is not None:
+        dense.append(controls.seen.read_value())
+    # A fixed name: Horovod matches tensors across ranks by name, and the default (from
+    # layer names such as dense_3) differs on an engine that built other models before.
+    reduced = hvd.grouped_allreduce(dense, op=hvd.Average, compression=compressor, name=name) if dense else []
+    if controls is not None:
+        controls.agreed.assign(reduced.pop())
+    out = list(grads)
+    for i, g in zip(present, reduced):
+        out[i] = g
+    return out
 
 
 def ring_allreduce_bytes(workers: int, nbytes: int) -> int:
