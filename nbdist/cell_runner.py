@@ -25,13 +25,12 @@ def cell_tree(python: str, filename: str, loops_at) -> ast.Module:
 
 
 def fresh_traces(namespace: dict) -> list[str]:
-    """Every `tf.function` of the engine's namespace that an earlier run traced, made anew (same options): a trace
-    holds the step as that run routed it (its Horovod job, its parameter-server client), so this run traces its
-    own. Returns their names."""
+    """Every `tf.function` of the engine's namespace made anew (same options): a trace holds the step as the run
+    that traced it routed it (its Horovod job, its parameter-server client; a failed trace, half its variables),
+    so this run traces its own. Returns their names."""
     renewed = []
     for name, value in list(namespace.items()):
-        count = getattr(value, "experimental_get_tracing_count", None)
-        if callable(count) and hasattr(value, "_clone") and count() > 0:
+        if callable(getattr(value, "experimental_get_tracing_count", None)) and hasattr(value, "_clone"):
             namespace[name] = value._clone(python_function=None)
             renewed.append(name)
     return renewed

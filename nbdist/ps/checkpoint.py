@@ -21,7 +21,7 @@ def save(directory: str | os.PathLike, run_id: int, state: dict) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"run-{run_id}.npz"
-    meta = {k: state[k] for k in ("version", "layout", "optimizer") if k in state} | {"saved_at": time.time(),
+    meta = {k: state[k] for k in ("version", "layout", "optimizer", "tables") if k in state} | {"saved_at": time.time(),
                                                                                          "run": run_id}
     tmp = path.with_suffix(".tmp.npz")
     with open(tmp, "wb") as f:

@@ -16,6 +16,7 @@ import traceback
 
 from . import rules, wire
 from .shard import Shard
+from .tables import ShardTables
 from .zero_copy import frames as reply_frames
 
 POLL_MS = 200
@@ -25,7 +26,7 @@ def serve(config: dict, key: bytes, ready=print) -> None:
     """Bind, announce the port through `ready`, and answer messages until told to stop."""
     import zmq
 
-    shard = Shard(config)
+    shard = ShardTables(config)
     context = zmq.Context()
     socket = context.socket(zmq.ROUTER)
     socket.setsockopt(zmq.LINGER, 1000)
@@ -48,7 +49,7 @@ def serve(config: dict, key: bytes, ready=print) -> None:
             if message is None:
                 message = wire.decode(key, body, max_bytes=shard.max_bytes)
                 replays.check(message.header)
-                if keras_import.defers(shard, ident, body, message):
+                if keras_import.defers(shard.table(message), ident, body, message):
                     return
             send(shard.handle(ident, message))
         except wire.Rejected as exc:
@@ -70,7 +71,7 @@ def serve(config: dict, key: bytes, ready=print) -> None:
         context.term()
 
 
-def _loop(shard: Shard, socket, poller, answer, send, keras_import: "KerasImport", parent: int) -> None:
+def _loop(shard: ShardTables, socket, poller, answer, send, keras_import: "KerasImport", parent: int) -> None:
     """Answer what arrives, then what waited for Keras, then judge silence; until told to stop or orphaned."""
     while not shard.stopping:
         if poller.poll(POLL_MS):

@@ -225,10 +225,16 @@ class PsService:
         frozen = [k for k in part["keys"] if k not in part["names"] and k.startswith(NON_TRAINABLE)]
         state = {k: saved["arrays"][k] for k in part["keys"] if k not in frozen}
         model = {k: saved["arrays"][k] for k in (*part["names"], *frozen)}
+        tables = saved.get("tables") or {}
         with PsClient([shard.address], self.key, 0, heartbeat=False) as client:  # as rank 0 gave the model first
-            client.request("restore", [state], version=part["version"])
-            client.request("init", [model], optimizer=saved["optimizer"], trainable=part["names"],
-                           layout=saved["layout"])
+            client.request("restore", [state], version=part["version"], tables=tables)
+            client.request("init", [model], optimizer=saved["optimizer"], trainable=part["names"], layout=saved["layout"])
+            for index, table in tables.items():  # the further optimizers' tables (`ps.tables`)
+                mine = table["shards"].get(str(shard.index)) or []
+                if int(index) and mine:
+                    prefix = f"o{index}/"
+                    client.request("init", [{n: saved["arrays"][prefix + n] for n in mine}], table=int(index),
+                                   optimizer=table["optimizer"], trainable=mine, layout=table["layout"])
         self.restarts.append({"t": time.time(), "event": "shard_restarted", "shard": shard.index, "pid": shard.pid,
                             "version": part["version"], "checkpoint": self.last_checkpoint["path"],
                             "recovery_s": round(time.time() - started, 3), "cause": died,
@@ -240,7 +246,7 @@ class PsService:
             return  # no model yet: nothing worth saving
         first = replies[0].header
         state = {"arrays": merged(replies), "version": first["version"], "layout": first["layout"],
-                 "optimizer": first["optimizer"]}
+                 "optimizer": first["optimizer"], "tables": _tables(replies)}
         path = checkpoint.save(self.checkpoint_dir, self.run_id, state)
         self.last_checkpoint = {"path": str(path), "version": first["version"], "saved_at": time.time(),
                                 "shards": [{"names": r.header["names"], "version": r.header["version"],
@@ -251,3 +257,14 @@ class PsService:
         if self.last_checkpoint is None:
             return []
         return checkpoint.model_weights(checkpoint.load(self.last_checkpoint["path"]))
+
+
+def _tables(replies) -> dict:
+    """Each table's optimizer, layout and the names every shard holds of it (`ps.tables`), for restarts."""
+    tables: dict = {}
+    for i, reply in enumerate(replies):
+        for index, table in (reply.header.get("tables") or {}).items():
+            entry = tables.setdefault(index, {"optimizer": table["optimizer"], "layout": table["layout"],
+                                              "shards": {}})
+            entry["shards"][str(i)] = table["names"]
+    return tables

@@ -81,6 +81,8 @@ class AdspSchedule:
 class AdspWorker(PsWorker):
     """A worker that trains locally and commits its accumulated update at the searched interval."""
 
+    routes_other_optimizers = False  # a train_step's own optimizers would step locally, out of sync
+
     uses_ps_optimizer = False  # each worker applies the cell's optimizer itself
 
     def connect(self, exchange: PushPull, model, variables) -> list:
@@ -129,6 +131,8 @@ class AdspStrategy(PsStrategy):
     summary = "ADSP: workers never wait, each commits its local update at a commit interval searched online"
     reads = opt.PARAMETER_SERVER
     worker_class = AdspWorker
+    loop_refusal = ("its workers step locally and commit their updates on fit's steps, which a loop of the cell's "
+                    "own does not pass through")
 
     def shard_settings(self, workers: int) -> dict:
         return {**super().shard_settings(workers), "rule": {"preset": "adsp", "workers": workers}}

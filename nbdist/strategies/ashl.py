@@ -62,6 +62,8 @@ REPORT_EVERY_S = 1.0
 class AshlWorker(PsWorker):
     """Profiles, waits for its allocation, trains its share through the PS, reports its step times."""
 
+    routes_other_optimizers = False  # a train_step's own optimizers would step locally, out of sync
+
     exchange_class = PacedExchange
 
     @property
@@ -262,6 +264,8 @@ class AshlStrategy(DdcAsgdStrategy):
                       events={**PS_EVENTS, **dict.fromkeys(("allocated", "reallocated", "switch_phase", "compression",
                                                             "end_laggards", "left_shl"))})
     worker_class = AshlWorker
+    loop_refusal = ("it sizes each worker's share of fit's data and batches by its measured speed, which a loop of "
+                    "the cell's own chooses itself")
     min_workers = 2
 
     @classmethod

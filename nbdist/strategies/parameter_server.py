@@ -17,6 +17,7 @@ and telemetry, checks the shards' health, collects their logs and checkpoints at
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import asdict
@@ -37,6 +38,7 @@ from ..sharding import shard_fit_data
 from ..virtual_clock import VirtualClock, measure_step_cost
 from . import options as opt
 from .base import Reports, Strategy, Worker
+from .ps_tables import OptimizerTables
 from .ps_callbacks import epoch_agreement, follow_learning_rate, restore_best_weights, stop_when_asked
 
 # what every parameter-server run may record, beyond the common kinds
@@ -54,10 +56,12 @@ class PsWorker(Worker):
 
     exchange_class = PushPull
     uses_ps_optimizer = True  # the PS applies the cell's optimizer (ADSP's workers apply their own)
+    routes_other_optimizers = True  # a train_step's optimizers besides the model's get tables of their own
 
     def fit(self, request):
         model, optimizer = request.model, request.model.optimizer
-        self.refuse_other_optimizers(request)
+        if not self.routes_other_optimizers:
+            self.refuse_other_optimizers(request)
         spec = self.optimizer_spec(optimizer)  # refuse an optimizer the PS cannot apply, before any work
         self.fit_timings, self.dealt = {}, None  # fit_data deals this worker's batches, where it can
         data = self.fit_data(request)
@@ -65,12 +69,12 @@ class PsWorker(Worker):
         variables = list(model.trainable_variables)
         names = variable_names(model)["trainable"]
         plan = partition({n: int(np.prod(v.shape)) for n, v in zip(names, variables)}, len(self.config["shards"]))
-        client = PsClient(self.config["shards"], bytes.fromhex(self.config["key"]), self.rank,
-                          ps_timeout_s=LIMITS.ps_restart_wait_s if self.config.get("ps_restarts")
-                          else LIMITS.ps_reply_s)
+        client = self._client()
         exchange = self.exchange_class(client, plan, names, request.samples_per_step, Slowdown(self.simulated))
         if self.dealt is not None:  # --data dynamic: shard 0's answers bring the next batches
             self.dealt.client, exchange.on_answer = client, self.dealt.answered
+        self.fit_optimizer = optimizer  # the other optimizers a train_step steps: tables 1, 2, ...
+        self.optimizer_tables = OptimizerTables(self, client, first=1, batch=request.samples_per_step)
         user = self.user_callbacks(request)
         # the wait for a shard's reply sits inside a TensorFlow op, out of reach of Python's signal handler:
         # an interrupt (the kernel's, or a dead kernel's watcher) makes that wait give up at once
@@ -92,6 +96,7 @@ class PsWorker(Worker):
                     exchange.close()  # the exchange still in flight is applied before the end barrier
                     self.fit_timings.update(exchange.overlap_timings())
                 assign(variables, exchange.done())  # waits for the other workers; the final PS weights
+                self.optimizer_tables.end()  # (a GAN's two optimizers: their variables' final weights over those)
                 if self.uses_ps_optimizer:
                     _take_optimizer_state(client, optimizer, variables, names)
                 restore_best_weights(user, model)
@@ -100,7 +105,46 @@ class PsWorker(Worker):
                 return history
             finally:
                 exchange.abandon()  # after a failure or an interrupt (a finished fit closed it already)
+                self.optimizer_tables.abandon()
                 client.close()
+
+    # -- the optimizer steps the step seam routes here (a loop's; a train_step's other optimizers) ----------
+    def routes_in_fit(self, optimizer) -> bool:
+        return self.routes_other_optimizers and optimizer is not getattr(self, "fit_optimizer", None)
+
+    @contextlib.contextmanager
+    def loop_context(self):
+        """A loop cell's connection to the shards: a table for each optimizer it steps (`ps_tables`)."""
+        client = self._client()
+        self.optimizer_tables = OptimizerTables(self, client)
+        with interrupt_guard.on_interrupt(client.abort):
+            try:
+                yield
+            finally:
+                self.optimizer_tables.abandon()
+                client.close()
+
+    def step(self, index, optimizer, grads, variables, apply):
+        self.optimizer_tables.step(index, optimizer, grads, variables)
+        return None
+
+    def act_on_controls(self, flags) -> None:
+        """A pause holds the pushes on the shards; a stop they answer with ends the loop here."""
+        from ..step_seam import LoopStopped
+
+        if self.optimizer_tables.stop_asked():
+            raise LoopStopped("the run was stopped")
+
+    def statement_ended(self) -> None:
+        self.optimizer_tables.end()
+
+    def loop_extra(self) -> dict:
+        return self.optimizer_tables.metrics()
+
+    def _client(self) -> PsClient:
+        return PsClient(self.config["shards"], bytes.fromhex(self.config["key"]), self.rank,
+                        ps_timeout_s=LIMITS.ps_restart_wait_s if self.config.get("ps_restarts")
+                        else LIMITS.ps_reply_s)
 
     def _tune(self, exchange, request, spec) -> None:
         """The exchange as the shards and the options say: the virtual clock's step cost, overlapped exchanges."""
@@ -290,6 +334,7 @@ class PsStrategy(Strategy):
     reports = Reports(panels=("loss", "throughput", "staleness", "staleness distribution"),
                       controls=("pause", "resume", "stop", "lr_scale", "max_staleness", "evict"), events=PS_EVENTS)
     worker_class = PsWorker
+    loop_refusal = None
     survives_worker_loss = True
     uses_control_bus = False  # the shards carry the controls (they hold pushes, tell workers to stop)
 

@@ -322,6 +322,8 @@ class PipelineStrategy(Strategy):
     reads = (STAGES, MICROBATCHES, SPLIT, SCHEDULE, REPLICAS, KEEP_WEIGHTS)
     reports = Reports(panels=("loss", "throughput", "bubble"), controls=("pause", "resume", "stop"))
     worker_class = PipelineWorker
+    loop_refusal = ("it cuts the model fit(...) trains into stages on different engines, and a loop of the cell's "
+                    "own calls the whole model on one")
     min_workers = 2
     fills_own_part = True
 

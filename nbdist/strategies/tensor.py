@@ -167,6 +167,8 @@ class TensorStrategy(HfdtStrategy):
     reads = (SPLIT_LAYERS, STALL_TIMEOUT)
     reports = Reports(panels=("loss", "throughput"), controls=())
     worker_class = TensorWorker
+    loop_refusal = ("it splits the layers of the model fit(...) trains across engines, and a loop of the cell's own "
+                    "steps the whole model's variables on each")
     min_workers = 2
 
     fills_own_part = True
