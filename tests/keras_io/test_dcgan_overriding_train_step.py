@@ -195,9 +195,9 @@ gan.fit(
 
 OUTCOMES = {
     "local": Trains(),
-    "hfdt": Trains(),
-    # two optimizers stepped by the cell's own train_step: only hfdt averages every optimizer's gradients
-    "nfdt": Refused("also applies d_optimizer, g_optimizer (optimizers of its own)"),
+    "hfdt": Trains(),  # every optimizer's gradients averaged across ranks
+    "nfdt": Trains(),  # each optimizer a table of its own on the parameter server, updated by its own rule
+    # two optimizers stepped by the cell's own train_step: model parallelism splits model.optimizer's step alone
     "pipeline": Refused("also applies d_optimizer, g_optimizer (optimizers of its own)"),
     "tensor": Refused("also applies d_optimizer, g_optimizer (optimizers of its own)"),
 }
