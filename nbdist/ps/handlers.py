@@ -90,6 +90,21 @@ def _learning_rate(shard, ident, worker, message):
     return [(ident, "ok", None, {})]
 
 
+def _statistics(shard, ident, worker, message):
+    """A worker's changes to the model's running statistics (BatchNormalization's moving mean and variance, the
+    float non-trainable variables) since the values it last received: added to the shard's (shard 0 keeps them,
+    as TensorFlow's ParameterServerStrategy keeps such variables on the PS); the reply holds the sums."""
+    expected = {n: (v.shape, wire.dtype_name(v.dtype)) for n, v in shard.frozen.items() if n in message.arrays}
+    if not shard.initialised or set(message.arrays) - set(shard.frozen):
+        raise wire.Rejected("malformed", "statistics of variables this shard does not hold")
+    wire.check_arrays(message.arrays, expected)
+    for name, delta in message.arrays.items():
+        shard.frozen[name] = shard.frozen[name] + delta
+    names = message.header.get("names")
+    names = names if isinstance(names, list) else list(message.arrays)
+    return [(ident, "statistics", {n: shard.frozen[n] for n in names if n in shard.frozen}, {})]
+
+
 def _state(shard, ident, worker, message):
     return [(ident, "state", shard.state_arrays(), shard.summary())]
 
@@ -153,5 +168,5 @@ def _stop(shard, ident, worker, message):
 
 
 HANDLERS = {"heartbeat": _heartbeat, "init": _init, "push": _push, "probe": _probe, "pull": _pull, "done": _done,
-            "epoch": _epoch, "batch": _batch, "learning_rate": _learning_rate, "state": _state, "stats": _stats, "control": _control,
+            "epoch": _epoch, "batch": _batch, "learning_rate": _learning_rate, "state": _state, "statistics": _statistics, "stats": _stats, "control": _control,
             "restore": _restore, "stop": _stop, "admit": _admit, "drop": _drop}

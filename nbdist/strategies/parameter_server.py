@@ -39,7 +39,8 @@ from ..virtual_clock import VirtualClock, measure_step_cost
 from . import options as opt
 from .base import Reports, Strategy, Worker
 from .ps_tables import OptimizerTables
-from .ps_callbacks import epoch_agreement, follow_learning_rate, restore_best_weights, stop_when_asked
+from .ps_callbacks import (epoch_agreement, follow_learning_rate, restore_best_weights, shared_statistics,
+                           statistics_variables, stop_when_asked)
 
 # what every parameter-server run may record, beyond the common kinds
 PS_EVENTS = {
@@ -87,7 +88,7 @@ class PsWorker(Worker):
                 self._tune(exchange, request, spec)
                 with apply_gradients_restored(model):
                     own = self.connect(exchange, model, variables)
-                    callbacks = self._callbacks(client, exchange, optimizer, user, own)
+                    callbacks = self._callbacks(client, exchange, model, user, own)
                     with dynamic_data.epochs_of_any_length():
                         history = self.train(request, exchange, data, callbacks)
                     for callback in own:
@@ -96,6 +97,8 @@ class PsWorker(Worker):
                     exchange.close()  # the exchange still in flight is applied before the end barrier
                     self.fit_timings.update(exchange.overlap_timings())
                 assign(variables, exchange.done())  # waits for the other workers; the final PS weights
+                if self.uses_ps_optimizer:
+                    _take_statistics(client, model)
                 self.optimizer_tables.end()  # (a GAN's two optimizers: their variables' final weights over those)
                 if self.uses_ps_optimizer:
                     _take_optimizer_state(client, optimizer, variables, names)
@@ -159,13 +162,16 @@ class PsWorker(Worker):
             if self.dealt is not None:
                 self.dealt.depth = 2  # the next step's batch is taken before this step's answer came
 
-    def _callbacks(self, client, exchange, optimizer, user: list, own: list) -> list:
-        """The fit's callbacks around the user's: batches dealt, epochs agreed, the PS's learning rate followed
-        (rank 0, when the PS applies the optimizer), this strategy's own, a graceful stop."""
+    def _callbacks(self, client, exchange, model, user: list, own: list) -> list:
+        """The fit's callbacks around the user's: batches dealt, the running statistics kept on the shards (when
+        the PS applies the optimizer), epochs agreed, the PS's learning rate followed (rank 0, then), this
+        strategy's own, a graceful stop."""
         leads = self.rank == 0 and self.uses_ps_optimizer
-        follow = [follow_learning_rate(client, optimizer)] if leads else []
+        follow = [follow_learning_rate(client, model.optimizer)] if leads else []
         dealt = [dynamic_data.epoch_follower(self.dealt)] if self.dealt is not None else []
-        return [*dealt, epoch_agreement(client, exchange, self.share), *user, *follow, *own,
+        statistics = statistics_variables(model, variable_names(model)["non_trainable"])
+        shared = [shared_statistics(client, statistics)] if statistics and self.uses_ps_optimizer else []
+        return [*dealt, *shared, epoch_agreement(client, exchange, self.share), *user, *follow, *own,
                 stop_when_asked(exchange, self.dealt)]
 
     def optimizer_spec(self, optimizer) -> rules.OptimizerSpec:
@@ -284,6 +290,15 @@ def _init_shards(client, model, spec, plan, names, step: dict | None = None) -> 
                  | (frozen if i == 0 else {}) for i, shard in enumerate(plan)]
     client.request("init", per_shard, optimizer=asdict(spec), trainable=names, layout=named["layout"],
                    iterations=iterations, step=step)
+
+
+def _take_statistics(client, model) -> None:
+    """The running statistics every worker's steps left on the shards, into this worker's model."""
+    variables = statistics_variables(model, variable_names(model)["non_trainable"])
+    if variables:
+        reply = client.request("statistics", [{}], only=0, names=[n for n, _ in variables])[0]
+        for name, variable in variables:
+            variable.assign(reply.arrays[name])
 
 
 def _take_optimizer_state(client, optimizer, variables, names) -> None:

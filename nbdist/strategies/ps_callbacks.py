@@ -81,3 +81,33 @@ def restore_best_weights(callbacks, model) -> None:
         if getattr(callback, "restore_best_weights", False) and getattr(callback, "best_weights", None) is not None \
                 and getattr(callback, "stopped_epoch", 0) > 0:
             model.set_weights(callback.best_weights)
+
+
+def statistics_variables(model, names: list[str]) -> list[tuple[str, object]]:
+    """(name, variable) of the model's running statistics: its float non-trainable variables (BatchNormalization's
+    moving mean and variance; not a seed generator's integer state); `names`: the shards' names of the model's
+    non-trainable variables (`parameter_server.variable_names`)."""
+    return [(n, v) for n, v in zip(names, model.non_trainable_variables) if "float" in str(v.dtype)]
+
+
+def shared_statistics(client, variables: list[tuple[str, object]]):
+    """Keeps the model's running statistics on the shards (DESIGN.md section 13): after each step a worker sends
+    what its step changed of them and takes the sums of every worker's changes, so the statistics follow every
+    worker's batches on the weights the shards hold, and the model that comes back (and each checkpoint) carries
+    statistics of those weights, not one worker's own."""
+    import keras
+
+    class SharedStatistics(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.last = self.sync({})
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.last = self.sync({n: v.numpy() - self.last[n] for n, v in variables})
+
+        def sync(self, deltas: dict) -> dict:
+            reply = client.request("statistics", [deltas], only=0, names=[n for n, _ in variables])[0]
+            for name, variable in variables:
+                variable.assign(reply.arrays[name])
+            return {n: np.array(reply.arrays[n]) for n, _ in variables}
+
+    return SharedStatistics()
