@@ -235,11 +235,18 @@ class Strategy:
         """The run's cell steps its optimizers itself (a hand-written loop)."""
         return bool(self.training and self.training["fit"] is False and self.training["steps"])
 
+    def orders_loop_pushes(self) -> bool:
+        """Whether `--simulate` as given applies to a loop of the cell's own (the virtual clock's order of pushes,
+        on the parameter server); no by default."""
+        return False
+
     def refuse_loop(self) -> None:
         """Refuse a hand-written loop by name, before any engine is touched, where this strategy cannot run one."""
-        if self.values.get("simulate"):
+        if self.values.get("simulate") and not self.orders_loop_pushes():
             raise OptionError("--simulate slows or times the steps of fit(...); a training loop of the cell's own "
-                              "runs at its engines' own speed. Leave --simulate out for the loop.")
+                              "runs at its engines' own speed, except under a parameter-server strategy with "
+                              "--simulate 'clock=virtual; step=...' (its pushes then arrive in virtual time, so an "
+                              "asynchronous loop is reproducible). Leave --simulate out for the loop, or give that.")
         if self.loop_refusal is not None:
             raise OptionError(f"--strategy {self.name} cannot run a training loop of the cell's own: "
                               f"{self.loop_refusal}. Run the loop under --strategy local, hfdt, or a "

@@ -120,6 +120,9 @@ class PsWorker(Worker):
         """A loop cell's connection to the shards: a table for each optimizer it steps (`ps_tables`)."""
         client = self._client()
         self.optimizer_tables = OptimizerTables(self, client)
+        virtual = self.config.get("virtual")
+        if virtual is not None:  # the step cost --simulate gives (`orders_loop_pushes`)
+            self.virtual_step = StepCost(**virtual["step"])
         with interrupt_guard.on_interrupt(client.abort):
             try:
                 yield
@@ -383,6 +386,12 @@ class PsStrategy(Strategy):
                 "overlap": self.overlaps(),
                 "rule": (settings["rule"] or {}).get("preset"), "data": data,
                 **self.clock_config(len(run.workers))}
+
+    def orders_loop_pushes(self) -> bool:
+        from ..hetero import parse_clock
+
+        clock, step = parse_clock(self.value("simulate"))
+        return clock == "virtual" and step is not None
 
     @property
     def takes_newcomers(self) -> bool:
