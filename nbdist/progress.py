@@ -42,10 +42,32 @@ class TextProgress:
 
     def __call__(self, run) -> None:
         latest = run.progress.get(run.workers[0]) if run.workers else None
+        if latest and latest.get("loop"):
+            with _interrupt_after():
+                self._draw_loop(run, latest)
+            return
         if not latest or not latest.get("steps") or not latest.get("epochs"):
             return
         with _interrupt_after():
             self._draw(run, latest)
+
+    def _draw_loop(self, run, latest: dict) -> None:
+        """A loop of the cell's own: its steps so far, its loss and rate (how many steps it makes is its own)."""
+        record = latest["record"]
+        if self._bar is None:
+            from tqdm.std import tqdm
+
+            self._bar = tqdm(total=None, desc=f"run {run.id} {run.strategy}", unit="step", file=self.file,
+                             mininterval=0.5, dynamic_ncols=False, ncols=100)
+        self._bar.update(max(0, (record.get("step") or 0) - self._bar.n))
+        postfix = {}
+        if record.get("loss") is not None:
+            postfix["loss"] = f"{record['loss']:.4f}"
+        if record.get("samples_per_s"):
+            postfix["samples/s"] = f"{record['samples_per_s']:,.0f}"
+        elif latest.get("steps_per_s"):
+            postfix["steps/s"] = f"{latest['steps_per_s']:,.1f}"
+        self._bar.set_postfix(postfix, refresh=False)
 
     def _draw(self, run, latest: dict) -> None:
         total = latest["epochs"] * latest["steps"]

@@ -138,8 +138,13 @@ class Run:
 
     @property
     def final_metrics(self) -> dict:
-        """The last value of every History key (the run's final loss and metrics)."""
-        return {k: v[-1] for k, v in self.history.items() if v}
+        """The last value of every History key (the run's final loss and metrics); for a loop of the cell's own,
+        the loss of its last step."""
+        final = {k: v[-1] for k, v in self.history.items() if v}
+        loop = next((f for f in self.fits if f.loop is not None), None)
+        if not final and loop is not None and loop.records and loop.records[-1].get("loss") is not None:
+            final = {"loss": loop.records[-1]["loss"]}
+        return final
 
     def dead_ranks(self) -> set[int]:
         """Ranks whose engine died or whom the PS dropped as silent."""

@@ -281,6 +281,62 @@ def test_arrays_a_loop_indexes_are_shared_out_equally(guide):
     assert guide.value("sum(seen)") == 1600 and guide.value("int(optimizer.iterations.numpy())") == 50
 
 
+
+def _gated_loop(path: str) -> str:
+    """The guide's eager loop, four epochs, every worker waiting at its fifth step until the test opens the FIFO at
+    `path` for writing (bounded: a timer opens it after 300 s), so the stop lands while the loop runs."""
+    return f'''
+import os as _os, threading as _threading
+def wait_at_gate():
+    release = _threading.Timer(300, lambda: _os.close(_os.open({path!r}, _os.O_RDWR | _os.O_NONBLOCK)))
+    release.start()
+    try:
+        _os.close(_os.open({path!r}, _os.O_RDONLY))
+    finally:
+        release.cancel()
+''' + EAGER.replace("epochs = 2", "epochs = 4").replace(
+        "        train_acc_metric.update_state(y_batch_train, logits)\n",
+        "        train_acc_metric.update_state(y_batch_train, logits)\n"
+        "        if epoch == 0 and step == 4:\n"
+        "            wait_at_gate()\n")
+
+
+@pytest.mark.parametrize("strategy", ["hfdt", "nfdt"])
+def test_a_stop_ends_the_loop_between_steps_and_keeps_what_it_trained(guide, cluster, strategy):
+    import os
+    import tempfile
+    import uuid
+
+    from tests.support import eventually
+
+    guide.run(FRESH.format(optimizer=ADAM) + "train_acc = None").check()
+    path = os.path.join(tempfile.gettempdir(), f"nbdist-gate-{uuid.uuid4().hex}")
+    os.mkfifo(path)
+    held = None
+    try:
+        options = STRATEGIES[strategy].split(" --simulate")[0]  # the real clock: the stop lands in wall time
+        guide.run(f"%%distribute --background {options}\n" + _gated_loop(path), timeout=120).check()
+        eventually(guide, "any(p.get('loop') for p in nbdist.last_run.progress.values())", timeout=120)
+        guide.run("nbdist.last_run.control('stop')").check()
+        held = os.open(path, os.O_RDWR | os.O_NONBLOCK)  # the gate opens: the next steps see the stop
+        reply = guide.run("%dist wait", timeout=300).check()
+    finally:
+        held = held if held is not None else os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        os.remove(path)
+        os.close(held)
+    loop = guide.value("{k: nbdist.last_run.fits[-1].loop[k] for k in ('steps', 'stopped')}")
+    per_epoch = guide.value("int(train_dataset.cardinality())") // 2
+    assert loop["stopped"] and 5 <= loop["steps"] < 4 * per_epoch, loop
+    assert f"the loop ended after its step {loop['steps']}" in reply.stdout
+    assert guide.value("train_acc") is None  # the epoch's end was never reached: nothing after the stop ran
+    rank0 = guide.value("nbdist.last_run.workers[0]")
+    assert cluster.client[rank0].apply_sync(_optimizer_steps) == guide.value("int(optimizer.iterations.numpy())")
+    if strategy == "hfdt":  # every rank stopped after the same step: the stop travels in the step's allreduce
+        assert guide.value("int(optimizer.iterations.numpy())") == loop["steps"]
+        assert len({cluster.client[e].apply_sync(_optimizer_steps)
+                    for e in guide.value("nbdist.last_run.workers")}) == 1
+
+
 # the guide's end-to-end example: a GAN whose tf.function step applies two optimizers (sizes small: 16 and 32
 # filters, a latent space of 16, 2,048 images); its loop stops itself after 12 steps
 GAN = '''

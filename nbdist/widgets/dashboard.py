@@ -254,10 +254,14 @@ class Dashboard:
         if run.status not in ("pending", "running"):
             return f"{title} · {html.escape(ended_how(run))} · {elapsed:.1f} {unit} in all{self._planned(run, unit)}"
         eta = f"{elapsed * (1 - done) / done:.0f} {unit}" if done > 0.02 else "-"
-        record = run.latest(0).get("record") or {}
+        latest = run.latest(0)
+        record = latest.get("record") or {}
         state = self.control_state
         phase = ("paused" if state.get("paused") else "stopping" if state.get("finishing")
                  else record.get("phase") or "train")
+        if latest.get("loop"):  # a loop of the cell's own: its steps so far (how many it makes is its own)
+            rate = f" · {latest['steps_per_s']:.1f} steps/s" if latest.get("steps_per_s") else ""
+            return f"{title} · phase <b>{phase}</b> · elapsed {elapsed:.0f} {unit} · step {record.get('step')}{rate}"
         return (f"{title} · phase <b>{phase}</b> · elapsed {elapsed:.0f} {unit} · ETA {eta} · {done:.0%}"
                 + self._planned(run, unit))
 
