@@ -155,12 +155,13 @@ def run_training_cell(spec: dict) -> list:
     loop_reporter = LoopReporter(spec["run"], spec["rank"], publish_data, batch_size=data.batch_size,
                                  extra=worker.loop_extra)
 
-    def on_step(index, loss, flags):
-        if index == 0:
-            loop_reporter.step(loss)
-        worker.act_on_controls(flags)
+    def monitor(seam):  # every quarter second, in a thread of its own: the records out, the controls in
+        loop_reporter.update(seam.steps, seam.loss)
+        flags = worker.poll_controls()
+        if flags is not None:
+            seam.seen.assign(flags)
 
-    seam = StepSeam(worker, on_step, loops=training.loop)
+    seam = StepSeam(worker, monitor, loops=training.loop)
     if training.loop:
         fresh_traces(namespace)
     if spec.get("states"):  # the loop's optimizers and metrics, as the notebook holds them
@@ -173,7 +174,7 @@ def run_training_cell(spec: dict) -> list:
     outcome = None
     with _interrupt_reported_short(spec["run"]), interrupt_guard.training(), working_directory(spec.get("cwd")), \
             _deterministic_ops(spec), callbacks.one_writer(spec["rank"], spec["size"]), worker.cell_context(), \
-            intercept_fit(handler), seam, (worker.loop_context() if training.loop else contextlib.nullcontext()):
+            intercept_fit(handler), (worker.loop_context() if training.loop else contextlib.nullcontext()), seam:
         outcome = run_statements(cell_tree(python, filename, training.loops_at), filename, namespace, seam, data,
                                  capture=training.loop and spec["rank"] == 0,
                                  statement_ended=worker.statement_ended)
@@ -184,7 +185,7 @@ def run_training_cell(spec: dict) -> list:
             "or run the cell without %%distribute."
         )
     if seam.outside_fit:
-        loop_reporter.close(seam.loss)
+        loop_reporter.update(seam.steps, seam.loss, final=True)
         timings = {"cell_start": spec.get("cell_start"), "engine_start": started,
                    "first_step": loop_reporter.first_step_t, "fit_end": time.time(), **worker.fit_timings}
         results.append(FitResult([], [], {}, {}, [], records=loop_reporter.records, timings=timings,

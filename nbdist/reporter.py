@@ -107,9 +107,9 @@ def _learning_rate(model):
 
 class LoopReporter:
     """The records of a hand-written loop (DESIGN.md section 13), as `ProgressReporter` makes them for `fit`: the
-    step seam calls `step(loss)` after each step of the cell's first optimizer; a record goes out at most every
-    `interval_s`. The samples of a step are known where the loop iterates a batched pipeline (`batch_size()`,
-    else None: the record then has steps, not samples)."""
+    loop's monitor thread calls `update(steps, loss)` with the step seam's count of the first optimizer's steps and
+    its last loss; a record goes out at most every `interval_s`. The samples of a step are known where the loop
+    iterates a batched pipeline (`batch_size()`, else None: the record then has steps, not samples)."""
 
     def __init__(self, run_id, worker: int, publish=None, interval_s: float = 0.5, batch_size=None, extra=None):
         self.run_id, self.worker, self.publish, self.interval_s = run_id, worker, publish, interval_s
@@ -119,38 +119,32 @@ class LoopReporter:
         self.records: list[dict] = []
         self.steps = 0
         self.first_step_t: float | None = None
-        self.clock = time.time
         self._wall_last = 0.0
-        self._samples = 0
         self._rate = WindowedRate()
         self._step_rate = WindowedRate()
 
-    def step(self, loss: float | None) -> None:
-        now = self.clock()
-        if self.first_step_t is None:
-            self.first_step_t = time.time()
-        self.steps += 1
-        batch = self.batch_size()
-        self._samples += batch or 0
-        if self.steps == 1:  # rates count from the first step's end, so tracing is not in them
-            self._rate.add(now, self._samples)
-            self._step_rate.add(now, self.steps)
-        if time.time() - self._wall_last >= self.interval_s:
-            self._wall_last = time.time()
-            self._emit(now, loss, batch)
+    def update(self, steps: int, loss: float | None, final: bool = False) -> None:
+        now = time.time()
+        if steps and self.first_step_t is None:
+            self.first_step_t = now  # (within the monitor's interval of the first step)
+            self._rate.add(now, steps * (self.batch_size() or 0))
+            self._step_rate.add(now, steps)
+        if steps == self.steps and not final:
+            return
+        self.steps = steps
+        if final or now - self._wall_last >= self.interval_s:
+            self._wall_last = now
+            self._emit(now, loss)
 
-    def _emit(self, now: float, loss, batch) -> None:
-        rate = self._rate.add(now, self._samples) if batch else None
+    def _emit(self, now: float, loss) -> None:
+        batch = self.batch_size()
+        samples = self.steps * batch if batch else None
         record = make_record(run=self.run_id, worker=self.worker, host=self.host, step=self.steps, epoch=0, t=now,
-                             loss=_float(loss), samples=self._samples if batch else None, samples_per_s=rate,
+                             loss=_float(loss), samples=samples,
+                             samples_per_s=self._rate.add(now, samples) if samples else None,
                              **{"staleness": 0, "phase": "loop", **(self.extra() if self.extra is not None else {})})
         self.records.append(record)
         if self.publish is not None:
             self.publish({"record": record, "batch_size": batch, "epochs": None, "steps": None,
                           "batch": self.steps, "epoch_end": False, "logs": {}, "loop": True,
                           "steps_per_s": self._step_rate.add(now, self.steps)})
-
-    def close(self, loss: float | None) -> None:
-        """The last record (the loop ended)."""
-        if self.steps:
-            self._emit(self.clock(), loss, self.batch_size())

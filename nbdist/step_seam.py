@@ -24,28 +24,54 @@ class LoopStopped(Exception):
 
 class StepSeam:
     """A context manager: every optimizer step of the cell goes to `router.step(index, optimizer, grads,
-    variables, apply)` (which returns this step's agreed control flags as a tensor, or None) and then to
-    `on_step(index, loss, flags)`; `router.routes_in_fit(optimizer)` says which steps made inside `fit` it
-    takes (the others run as they are)."""
+    variables, apply)` (which returns this step's agreed control flags as a tensor, or None); `router.routes_in_fit
+    (optimizer)` says which steps made inside `fit` it takes (the others run as they are).
 
-    def __init__(self, router, on_step=None, loops: bool = True):
+    Nothing of Python runs in a traced step for the seam: the step counts itself and keeps its loss in variables,
+    and `router.act_on_controls(flags)` is called only when a control is on (the flags the step agreed, or `seen`,
+    which `monitor` sets). `monitor(seam)`, if given, runs every `MONITOR_S` in a thread of its own while the seam
+    is open (it publishes the records and reads the run's controls)."""
+
+    MONITOR_S = 0.25
+
+    def __init__(self, router, monitor=None, loops: bool = True):
         self.router = router
-        self.on_step = on_step
+        self.monitor = monitor
         self.loops = loops  # False: the cell trains by fit, and a step of its own outside fit is refused
-        self.stop_requested = False  # on_step raised LoopStopped
+        self.stop_requested = False  # the controls said stop (act_on_controls raised LoopStopped)
         self.optimizers: list = []  # in the order of their first step
-        self.steps = 0  # steps of the first optimizer, outside fit
-        self.outside_fit = 0  # steps of any optimizer, outside fit
-        self.loss: float | None = None  # of the last step of the first optimizer
         self.fitting = 0  # fit calls in progress
         self._target = threading.local()  # the last tape.gradient target of this thread
         self._saved: list = []
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def steps(self) -> int:
+        """Steps of the first optimizer, outside fit."""
+        return int(self._steps.numpy())
+
+    @property
+    def outside_fit(self) -> int:
+        """Steps of any optimizer, outside fit."""
+        return int(self._any.numpy())
+
+    @property
+    def loss(self) -> float | None:
+        """The loss of the first optimizer's last step (None if unknown)."""
+        value = float(self._loss.numpy())
+        return value if math.isfinite(value) else None
 
     # -- the patches ------------------------------------------------------------------------------------
     def __enter__(self):
         import tensorflow as tf
         from keras.src.optimizers.base_optimizer import BaseOptimizer
 
+        with tf.init_scope():
+            self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="nbdist_steps")
+            self._any = tf.Variable(0, dtype=tf.int64, trainable=False, name="nbdist_steps_any")
+            self._loss = tf.Variable(math.nan, dtype=tf.float32, trainable=False, name="nbdist_loss")
+            self.seen = tf.Variable(np.zeros(2, np.float32), trainable=False, name="nbdist_controls")
         seam, apply, gradient = self, BaseOptimizer.apply, tf.GradientTape.gradient
 
         def routed_apply(optimizer, grads, trainable_variables=None):
@@ -63,12 +89,30 @@ class StepSeam:
         routed_apply.__doc__, noted_gradient.__doc__ = apply.__doc__, gradient.__doc__
         self._saved = [(BaseOptimizer, "apply", apply), (tf.GradientTape, "gradient", gradient)]
         BaseOptimizer.apply, tf.GradientTape.gradient = routed_apply, noted_gradient
+        if self.monitor is not None and self.loops:
+            self._thread = threading.Thread(target=self._watch, name="nbdist-loop-monitor", daemon=True)
+            self._thread.start()
         return self
 
     def __exit__(self, *exc):
         for owner, name, original in self._saved:
             setattr(owner, name, original)
         self._saved = []
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _watch(self) -> None:
+        import sys
+        import traceback
+
+        while not self._done.wait(self.MONITOR_S):
+            try:
+                self.monitor(self)
+            except Exception:  # noqa: BLE001 - the loop trains on; its live view says nothing more
+                print("nbdist: the loop's monitor stopped (the run trains on, unseen):", file=sys.stderr)
+                traceback.print_exc()
+                return
 
     # -- one step --------------------------------------------------------------------------------------
     def takes(self, optimizer) -> bool:
@@ -91,36 +135,31 @@ class StepSeam:
 
             raise OptionError("this cell steps an optimizer itself (a loop of its own) besides calling fit(...): "
                               "put the hand-written loop and the fit in cells of their own")
-        index, loss = self.index(optimizer), self._loss()
+        index, loss = self.index(optimizer), self._loss_of_step()
         flags = self.router.step(index, optimizer, grads, variables, apply)
         if self.fitting:
             return None
-        flags = tf.fill([2], -1.0) if flags is None else tf.cast(flags, tf.float32)  # negative: none agreed
-        if tf.executing_eagerly():
-            self._after(index, None if loss is None else loss.numpy(), flags.numpy())
-        else:  # traced: the op runs after the update (stateful ops keep their order in a tf.function)
-            loss = tf.constant(math.nan, tf.float32) if loss is None else loss
-            tf.numpy_function(self._after, [tf.constant(index, tf.int64), loss, flags], tf.int64, stateful=True,
-                              name="nbdist_step_done")
+        self._any.assign_add(1)
+        if index == 0:
+            self._steps.assign_add(1)
+            if loss is not None:
+                self._loss.assign(loss)
+        flags = self.seen.read_value() if flags is None else tf.cast(flags, tf.float32)
+        # Python only while a control is on (a pause waits there, a stop ends the loop)
+        tf.cond(tf.reduce_max(flags) > 0,
+                lambda: tf.numpy_function(self._act, [flags], tf.int64, stateful=True, name="nbdist_controls"),
+                lambda: tf.constant(0, tf.int64))
         return None
 
-    def _after(self, index, loss, flags) -> np.int64:
-        index = int(index)
-        self.outside_fit += 1
-        loss = None if loss is None or not np.isfinite(loss) else float(loss)
-        if index == 0:
-            self.steps += 1
-            self.loss = loss
-        if self.on_step is not None:
-            try:
-                flags = np.asarray(flags)
-                self.on_step(index, loss, None if flags[0] < 0 else flags)
-            except LoopStopped:
-                self.stop_requested = True
-                raise
-        return np.int64(self.steps)
+    def _act(self, flags) -> np.int64:
+        try:
+            self.router.act_on_controls(np.asarray(flags))
+        except LoopStopped:
+            self.stop_requested = True
+            raise
+        return np.int64(0)
 
-    def _loss(self):
+    def _loss_of_step(self):
         """The loss the step's gradients came from, as a float32 scalar of this graph (None if unknown)."""
         import tensorflow as tf
 

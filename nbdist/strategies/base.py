@@ -157,7 +157,10 @@ class Worker:
     def loop_context(self):
         """Around a cell that steps its optimizers itself: what its steps need (the run's controls here; Horovod's
         job, the parameter server's client in the strategies that extend it)."""
+        import threading
+
         self.loop_control = self.control_point()
+        self.control_lock = threading.Lock()  # the loop's monitor thread and its steps share the control point
         try:
             yield
         finally:
@@ -173,14 +176,24 @@ class Worker:
         apply(grads, variables)
         return None
 
+    def poll_controls(self):
+        """The run's controls as this worker sees them now, [paused, stop] (read by the loop's monitor thread; the
+        next step acts on them), or None where the step agrees them itself."""
+        if not self.control_lock.acquire(blocking=False):  # a pause waits on it: nothing new to read
+            return None
+        try:
+            return self.loop_control.flags()
+        finally:
+            self.control_lock.release()
+
     def act_on_controls(self, flags) -> None:
-        """After a step of the cell's loop: a pause waits here, a stop ends the loop (`LoopStopped`). `flags`: what
-        the ranks agreed in the step (synchronous strategies), else this worker's own view of the controls."""
+        """In a step of the cell's loop while a control is on (`flags`: [paused, stop], what the ranks agreed or
+        this worker saw): a pause waits here, a stop ends the loop (`LoopStopped`)."""
         from ..step_seam import LoopStopped
 
-        control = self.loop_control
-        control.act(control.flags() if flags is None else flags)  # a pause waits here
-        if control.stopped:
+        with self.control_lock:
+            self.loop_control.act(flags)
+        if self.loop_control.stopped:
             raise LoopStopped("the run was stopped")
 
     def statement_ended(self) -> None:

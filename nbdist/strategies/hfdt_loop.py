@@ -3,7 +3,7 @@ every step of every optimizer averages its gradients over the ranks first (one f
 optimizer's number, which is the order of first steps and the same on every rank). Before an optimizer's first
 step, rank 0's values of the variables it updates and of its own state are broadcast (inside a traced step,
 eagerly, through `tf.init_scope`), and its learning rate is scaled as `fit`'s is (`--scale-lr`), restored when
-the cell ends. The run's controls travel in the step's allreduce, so every rank pauses or stops at the same step.
+the cell ends. The run's controls travel in the step's allreduce, so every rank pauses or stops after the same step.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ class HorovodLoop:
 
     def __init__(self, hvd, control, compression: str | None, scale_lr: bool):
         self.hvd, self.compression, self.scale_lr = hvd, compression, scale_lr
-        self.controls = StepControls(control)
-        self.controls.refresh()
+        self.controls = StepControls(control)  # `seen` set by the loop's monitor, `agreed` by each step
         self.started: set[int] = set()  # optimizers whose first step has been made
         self.learning_rates: list[tuple] = []  # (optimizer, the cell's learning rate) to restore
 
@@ -47,15 +46,6 @@ class HorovodLoop:
                                         float(optimizer.learning_rate)))
             optimizer.learning_rate = (scaled(schedule, self.hvd.size()) if schedule is not None
                                        else float(optimizer.learning_rate) * self.hvd.size())
-
-    def act(self, flags) -> bool:
-        """Act on the controls the ranks agreed in the last step; True: stop now."""
-        control = self.controls.control
-        control.act(flags)
-        if control.stopped:
-            return True
-        self.controls.refresh()
-        return False
 
     def restore(self) -> None:
         """The cell's own learning rates back in place, as a statement that stepped ends (what it leaves is what

@@ -114,11 +114,12 @@ class HfdtWorker(Worker):
     def statement_ended(self) -> None:
         self.loop.restore()
 
-    def act_on_controls(self, flags) -> None:
-        from ..step_seam import LoopStopped
-
-        if self.loop.act(flags):
-            raise LoopStopped("the run was stopped")
+    def poll_controls(self):
+        """This rank's view of the controls into the variable its next step's allreduce carries."""
+        flags = super().poll_controls()
+        if flags is not None:
+            self.loop.controls.seen.assign(flags)
+        return None
 
     def _fit_ended(self, hvd, survivor) -> None:
         """Every rank's files closed; the recoveries and the batches each epoch trained, for the run's record."""

@@ -134,12 +134,14 @@ class PsWorker(Worker):
         self.optimizer_tables.step(index, optimizer, grads, variables)
         return None
 
+    def poll_controls(self):
+        """A pause holds the pushes on the shards; a stop is in their answers."""
+        return np.array([0.0, float(self.optimizer_tables.stop_asked())], np.float32)
+
     def act_on_controls(self, flags) -> None:
-        """A pause holds the pushes on the shards; a stop they answer with ends the loop here."""
         from ..step_seam import LoopStopped
 
-        if self.optimizer_tables.stop_asked():
-            raise LoopStopped("the run was stopped")
+        raise LoopStopped("the run was stopped")
 
     def statement_ended(self) -> None:
         self.optimizer_tables.end()
