@@ -159,7 +159,7 @@ def run_training_cell(spec: dict) -> list:
         loop_reporter.update(seam.steps, seam.loss)
         flags = worker.poll_controls()
         if flags is not None:
-            seam.seen.assign(flags)
+            seam.controls_seen(flags)
 
     seam = StepSeam(worker, monitor, loops=training.loop)
     if training.loop:

@@ -28,8 +28,8 @@ class StepSeam:
     (optimizer)` says which steps made inside `fit` it takes (the others run as they are).
 
     Nothing of Python runs in a traced step for the seam: the step counts itself and keeps its loss in variables,
-    and `router.act_on_controls(flags)` is called only when a control is on (the flags the step agreed, or `seen`,
-    which `monitor` sets). `monitor(seam)`, if given, runs every `MONITOR_S` in a thread of its own while the seam
+    and `router.act_on_controls(flags)` is called only when a control is on (the flags the step agreed, or what
+    `controls_seen` set). `monitor(seam)`, if given, runs every `MONITOR_S` in a thread of its own while the seam
     is open (it publishes the records and reads the run's controls)."""
 
     MONITOR_S = 0.25
@@ -54,7 +54,7 @@ class StepSeam:
     @property
     def outside_fit(self) -> int:
         """Steps of any optimizer, outside fit."""
-        return int(self._any.numpy())
+        return int(self._steps.numpy()) + int(self._others.numpy())
 
     @property
     def loss(self) -> float | None:
@@ -69,9 +69,10 @@ class StepSeam:
 
         with tf.init_scope():
             self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="nbdist_steps")
-            self._any = tf.Variable(0, dtype=tf.int64, trainable=False, name="nbdist_steps_any")
+            self._others = tf.Variable(0, dtype=tf.int64, trainable=False, name="nbdist_steps_others")
             self._loss = tf.Variable(math.nan, dtype=tf.float32, trainable=False, name="nbdist_loss")
-            self.seen = tf.Variable(np.zeros(2, np.float32), trainable=False, name="nbdist_controls")
+            self._seen = tf.Variable(np.zeros(2, np.float32), trainable=False, name="nbdist_controls")
+            self._on = tf.Variable(False, trainable=False, name="nbdist_control_on")
         seam, apply, gradient = self, BaseOptimizer.apply, tf.GradientTape.gradient
 
         def routed_apply(optimizer, grads, trainable_variables=None):
@@ -139,17 +140,27 @@ class StepSeam:
         flags = self.router.step(index, optimizer, grads, variables, apply)
         if self.fitting:
             return None
-        self._any.assign_add(1)
-        if index == 0:
+        if index == 0:  # (as few ops as can be: a small model's step is a millisecond)
             self._steps.assign_add(1)
             if loss is not None:
                 self._loss.assign(loss)
-        flags = self.seen.read_value() if flags is None else tf.cast(flags, tf.float32)
+        else:
+            self._others.assign_add(1)
+        if flags is None:
+            flags, on = self._seen, self._on
+        else:
+            flags = tf.cast(flags, tf.float32)
+            on = tf.reduce_max(flags) > 0
         # Python only while a control is on (a pause waits there, a stop ends the loop)
-        tf.cond(tf.reduce_max(flags) > 0,
-                lambda: tf.numpy_function(self._act, [flags], tf.int64, stateful=True, name="nbdist_controls"),
+        tf.cond(on, lambda: tf.numpy_function(self._act, [flags], tf.int64, stateful=True, name="nbdist_controls"),
                 lambda: tf.constant(0, tf.int64))
         return None
+
+    def controls_seen(self, flags) -> None:
+        """The run's controls as the worker sees them ([paused, stop]), for the steps that agree none themselves."""
+        flags = np.asarray(flags, np.float32)
+        self._seen.assign(flags)
+        self._on.assign(bool(flags.max() > 0))
 
     def _act(self, flags) -> np.int64:
         try:
@@ -174,7 +185,8 @@ class StepSeam:
             return None
         if symbolic and tensor.graph is not tf.compat.v1.get_default_graph():
             return None
-        return tf.reduce_mean(tf.cast(tensor, tf.float32))
+        tensor = tensor if tensor.dtype == tf.float32 else tf.cast(tensor, tf.float32)
+        return tensor if tensor.shape.rank == 0 else tf.reduce_mean(tensor)
 
 
 @contextlib.contextmanager

@@ -255,3 +255,28 @@ def test_balance_auto_at_equal_speeds_is_plain_hfdt(kernel):
                    f'"speed=1,1; clock=virtual; step=1ms+50us/sample"\n' + cell, timeout=240).check()
         weights[balance] = kernel.value("[w.tolist() for w in model.get_weights()]")
     assert weights["auto"] == weights["none"]
+
+
+LOOP = '''
+optimizer = keras.optimizers.SGD(0.05)
+loss_fn = keras.losses.SparseCategoricalCrossentropy()
+import os as _os, signal as _signal
+for step in range(200):
+    if _os.getpid() == {pid} and step == 10:
+        _os.kill(_os.getpid(), _signal.SIGKILL)
+    with tf.GradientTape() as tape:
+        loss_value = loss_fn(y[:32], model(x[:32], training=True))
+    optimizer.apply(tape.gradient(loss_value, model.trainable_weights), model.trainable_weights)
+'''
+
+
+def test_an_engine_that_dies_in_a_loop_of_the_cells_own_fails_the_run_naming_it(kernel, cluster):
+    """A loop has no epoch to resume from: an elastic hfdt (the default) does not re-form the job for it, the run
+    fails within seconds, naming the dead engine, and the survivor is free for the next cell."""
+    victim, pid = new_engine(cluster)
+    kernel.run("import tensorflow as tf\nmodel = build()").check()
+    reply = kernel.run(f"%%distribute --strategy hfdt --targets 0,{victim}\n" + LOOP.format(pid=pid), timeout=240)
+    assert reply.ename == "EngineDied", reply.error_text
+    assert f"engine {victim} (host " in reply.evalue and f"pid {pid}" in reply.evalue
+    assert not kernel.value("[e['event'] for e in nbdist.last_run.events if e['event'] == 'recovered']")
+    kernel.run("%%distribute --strategy hfdt --targets 0,1\n" + TRAIN.format(epochs=1), timeout=180).check()

@@ -5,6 +5,8 @@ engine steps."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytestmark = pytest.mark.cluster
@@ -280,6 +282,19 @@ def test_arrays_a_loop_indexes_are_shared_out_equally(guide):
     assert "each worker's loop iterated 1600 of its 3200 items of x_train" in reply.stdout
     assert guide.value("sum(seen)") == 1600 and guide.value("int(optimizer.iterations.numpy())") == 50
 
+
+
+def test_an_error_in_the_loop_names_the_engine_and_the_line_of_the_cell(guide):
+    guide.run(FRESH.format(optimizer=ADAM)).check()
+    cell = EAGER.replace("        train_acc_metric.update_state(y_batch_train, logits)\n",
+                         "        train_acc_metric.update_state(y_batch_train, logits)\n"
+                         "        if step == 3:\n"
+                         "            raise ValueError(f'a bad batch at step {step}')\n")
+    reply = guide.run("%%distribute --strategy hfdt --workers 2\n" + cell, timeout=120)
+    assert reply.status == "error" and reply.ename == "EngineFailure", reply.error_text
+    assert "ValueError: a bad batch at step 3 [on engine" in reply.evalue
+    text = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(reply.traceback))
+    assert "<nbdist training cell, run" in text and "raise ValueError" in text, text  # the cell's own line
 
 
 def _gated_loop(path: str) -> str:
