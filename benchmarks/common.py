@@ -64,6 +64,23 @@ def plain_fit(samples: int, epochs: int, optimizer: str = SGD_MOMENTUM) -> dict:
     return json.loads([ln for ln in out.splitlines() if ln.startswith("@@")][-1][2:])
 
 
+def script_result(command: list[str], script: str, env: dict | None = None, timeout: float = 900):
+    """Run `script` with this Python behind `command` (a launcher such as horovodrun, or none); the JSON its first
+    process printed after "@@" on its last such line."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "script.py"
+        path.write_text(script)
+        out = subprocess.run([*command, sys.executable, str(path)], capture_output=True, text=True, timeout=timeout,
+                             env={**os.environ, **(env or {})})
+    lines = [ln.split("@@", 1)[1] for ln in out.stdout.splitlines() if "@@" in ln]
+    if out.returncode or not lines:
+        raise RuntimeError(f"{command or 'python'} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
 def against_plain_fit_parser(doc: str) -> argparse.ArgumentParser:
     """The options of a benchmark that alternates an nbdist cell with plain `fit`."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])

@@ -12,16 +12,12 @@ each. Prints a table, then:
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
-from common import DEFINITION, engine_threads, notebook_shell, print_table, steady_samples_per_s
+from common import DEFINITION, engine_threads, notebook_shell, print_table, script_result, steady_samples_per_s
 
 HFDT_CELL = textwrap.dedent('''
     model = build()
@@ -70,17 +66,9 @@ HOROVOD_SCRIPT = DEFINITION + textwrap.dedent('''
 
 
 def horovodrun(workers: int, samples: int, epochs: int, batch: int, threads: dict[str, str]) -> list[float]:
-    horovodrun_bin = Path(sys.executable).with_name("horovodrun")
-    with tempfile.TemporaryDirectory() as tmp:
-        script = Path(tmp) / "train.py"
-        script.write_text(HOROVOD_SCRIPT.format(samples=samples, epochs=epochs, batch=batch))
-        out = subprocess.run([str(horovodrun_bin), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo",
-                              "--network-interface", "lo", sys.executable, str(script)],
-                             capture_output=True, text=True, timeout=900, env={**os.environ, **threads})
-    lines = [ln.split("@@", 1)[1] for ln in out.stdout.splitlines() if "@@" in ln]
-    if out.returncode or not lines:
-        raise RuntimeError(f"horovodrun failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return json.loads(lines[-1])
+    command = [str(Path(sys.executable).with_name("horovodrun")), "-np", str(workers), "-H", f"localhost:{workers}",
+               "--gloo", "--network-interface", "lo"]
+    return script_result(command, HOROVOD_SCRIPT.format(samples=samples, epochs=epochs, batch=batch), threads)
 
 
 def main() -> None:

@@ -13,16 +13,12 @@ pools. Prints a table and each round, then:
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
-from common import engine_threads, notebook_shell, print_table, steady_samples_per_s
+from common import engine_threads, notebook_shell, print_table, script_result, steady_samples_per_s
 
 # the guide's set-up and tf.function step (its model, Adam, batches of 64), on Fashion-MNIST read offline
 SETUP = textwrap.dedent('''
@@ -112,18 +108,6 @@ HOROVOD = SETUP + textwrap.dedent('''
 ''')
 
 
-def _script_seconds(command: list[str], script: str, env: dict) -> list[float]:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "loop.py"
-        path.write_text(script)
-        out = subprocess.run([*command, sys.executable, str(path)], capture_output=True, text=True, timeout=900,
-                             env={**os.environ, **env})
-    lines = [ln.split("@@", 1)[1] for ln in out.stdout.splitlines() if "@@" in ln]
-    if out.returncode or not lines:
-        raise RuntimeError(f"{command or 'python'} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return json.loads(lines[-1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=20000)
@@ -144,7 +128,7 @@ def main() -> None:
         return steady_samples_per_s(ip.user_ns["seconds"], samples[workers])
 
     def script_rate(command: list[str], script: str, workers: int) -> float:
-        seconds = _script_seconds(command, script.format(samples=args.samples, epochs=args.epochs), threads)
+        seconds = script_result(command, script.format(samples=args.samples, epochs=args.epochs), threads)
         return steady_samples_per_s(seconds, samples[workers])
 
     ip.run_line_magic("dist", "start -n 2")

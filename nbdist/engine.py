@@ -164,12 +164,7 @@ def run_training_cell(spec: dict) -> list:
     seam = StepSeam(worker, monitor, loops=training.loop)
     if training.loop:
         fresh_traces(namespace)
-    if spec.get("states"):  # the loop's optimizers and metrics, as the notebook holds them
-        from .loop_state import Snapshot, install
-
-        problems = install(Snapshot(states=spec["states"]), namespace)
-        if problems:
-            print("nbdist: " + "; ".join(problems), file=sys.stderr)
+        _carry_states(spec.get("states"), namespace)
     _seed(spec)
     outcome = None
     with _interrupt_reported_short(spec["run"]), interrupt_guard.training(), working_directory(spec.get("cwd")), \
@@ -192,3 +187,14 @@ def run_training_cell(spec: dict) -> list:
                                  loop={**outcome, "steps": seam.steps, "optimizers": len(seam.optimizers),
                                        "shards": data.shards}))
     return FitResult.pack(results)
+
+
+def _carry_states(states: dict | None, namespace: dict) -> None:
+    """A loop's optimizers and metrics take the state the notebook's have (`loop_state.states_of`)."""
+    if not states:
+        return
+    from .loop_state import Snapshot, install
+
+    problems = install(Snapshot(states=states), namespace)
+    if problems:
+        print("nbdist: " + "; ".join(problems), file=sys.stderr)

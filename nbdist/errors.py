@@ -19,7 +19,7 @@ class ClusterError(NbdistError):
 
 
 class NoFitCall(NbdistError):
-    """The training cell ran on the engines without calling `fit`."""
+    """The training cell would train nothing: no `fit` call and no optimizer step of its own."""
 
 
 class RunInterrupted(NbdistError):

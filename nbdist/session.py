@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass
 from . import bring, lifeline, namespace
 from . import run as runs
 from .cluster import ClusterHandle
-from .errors import KILLED_FROM_OUTSIDE, ClusterError, DefinitionFailed, EngineDied, NbdistError, OptionError
+from .errors import (KILLED_FROM_OUTSIDE, ClusterError, DefinitionFailed, EngineDied, NbdistError, NoFitCall,
+                     OptionError)
 from .keras_bridge import install_result, intercept_fit
 from .limits import LIMITS
 from .strategies import make_strategy
@@ -423,10 +424,10 @@ class Session:
 
         training = training_of(self._python(cell), self.shell.user_ns)
         if not (training.fit or training.steps):
-            raise OptionError("the training cell neither calls fit(...) nor steps an optimizer (optimizer.apply or "
-                              "apply_gradients after tape.gradient), so nothing would train on the engines. Put the "
-                              "fit call or the training loop in the %%distribute cell (it may call a function that "
-                              "does), or run the cell without %%distribute.")
+            raise NoFitCall("the training cell would train nothing: it runs without calling model.fit(...) and "
+                            "without stepping an optimizer (optimizer.apply or apply_gradients after tape.gradient). "
+                            "Put the fit call or the training loop in the %%distribute cell (it may call a function "
+                            "that does), or run the cell without %%distribute.")
         if training.fit and training.steps:
             raise OptionError("the training cell both calls fit(...) and steps an optimizer itself (a loop of its "
                               "own): put the hand-written loop and the fit in cells of their own.")

@@ -231,8 +231,8 @@ def test_a_cell_that_neither_fits_nor_steps_is_refused_before_the_engines_are_to
     reply = guide.run("%%distribute --strategy hfdt --workers 2\n"
                       "for x_batch_val, y_batch_val in val_dataset:\n"
                       "    val_acc_metric.update_state(y_batch_val, model(x_batch_val))\n", timeout=60)
-    assert reply.status == "error" and reply.ename == "OptionError"
-    assert "neither calls fit(...) nor steps an optimizer" in reply.evalue
+    assert reply.status == "error" and reply.ename == "NoFitCall"
+    assert "without calling model.fit(...) and without stepping an optimizer" in reply.evalue
     assert _last_run_id(guide) == before
 
 

@@ -58,10 +58,10 @@ def plan(python: str, namespace: dict, cells: list[tuple[int, str]], skip: set[s
         if isinstance(value, ModuleType):
             line = found[2] if found and found[1] == "import" else _import_line(name, value)
             items[name] = Item(name, "import", source=line, cell=cell)
-        elif _defined_in_notebook(value) and found and found[1] == "code":
-            for dependency in referenced_globals(found[2]):
+        elif _defined_in_notebook(value) and (source := _source_of(name, value, found)) is not None:
+            for dependency in referenced_globals(source):
                 visit(dependency)
-            items[name] = Item(name, "code", source=found[2], cell=cell)
+            items[name] = Item(name, "code", source=source, cell=cell)
             code_order.append(name)
         elif (made := _remade(name, value, sendable, cells)) is not None:
             source, reads = made
@@ -79,6 +79,21 @@ def plan(python: str, namespace: dict, cells: list[tuple[int, str]], skip: set[s
     brought = [item for item in items.values() if item is not None]
     return ([i for i in brought if i.kind == "import"] + [i for i in brought if i.kind == "value"]
             + [items[n] for n in code_order])
+
+
+def _source_of(name: str, value, found) -> str | None:
+    """The def / class source of the notebook's function or class `name`: from the cell that bound it, else (a cell
+    run without history, as nbval and some runners run them) its own source, decorators included. A function sent
+    by value would compute on copies of the globals it reads (cloudpickle's), not on the engine's."""
+    if found and found[1] == "code":
+        return found[2]
+    import textwrap
+
+    try:
+        source = textwrap.dedent(inspect.getsource(getattr(value, "python_function", value)))
+    except (OSError, TypeError):
+        return None
+    return source if f"def {name}(" in source or f"class {name}" in source else None  # (not an alias)
 
 
 def _remade(name: str, value, sendable, cells: list[tuple[int, str]]) -> tuple[str, list[str]] | None:
