@@ -6,7 +6,11 @@ the statistics that came back were coherent). Prints a table, then:
     RESULT running_statistics_nfdt_worst_gap=<points the worst nfdt run ends under local's mean>
     RESULT running_statistics_asgd_worst_gap=<the same for asgd>
 
-    .venv/bin/python benchmarks/ps_running_statistics.py [--seeds 10 --samples 60000 --epochs 2]
+    .venv/bin/python benchmarks/ps_running_statistics.py [--seeds 10 --samples 60000 --epochs 2 --ps-momentum MU]
+
+`--ps-momentum MU` runs nfdt and asgd with `--momentum MU` (the shards' momentum instead of the cell's 0.9): with
+two asynchronous workers each push is about one version stale, which acts as a momentum of about 0.5 of its own
+(Mitliagkas et al., 2016), so 0.4 keeps the effective momentum at the cell's 0.9.
 """
 
 from __future__ import annotations
@@ -64,7 +68,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--samples", type=int, default=60000)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--ps-momentum", type=float, default=None, help="nfdt's and asgd's --momentum")
     args = parser.parse_args()
+    momentum = "" if args.ps_momentum is None else f" --momentum {args.ps_momentum}"
     ip, session = notebook_shell()
     ip.run_line_magic("dist", "start -n 2")
     results: dict[str, list[tuple[float, float, float]]] = {"local": [], "nfdt": [], "asgd": []}
@@ -72,9 +78,9 @@ def main() -> None:
         ip.run_cell_magic("distribute", "define", DEFINITION.format(samples=args.samples))
         for seed in range(1, args.seeds + 1):
             for strategy in results:
-                workers = 1 if strategy == "local" else 2
+                workers, extra = (1, "") if strategy == "local" else (2, momentum)
                 ip.run_cell_magic("distribute", f"--strategy {strategy} --workers {workers} --seed {seed} "
-                                  "--progress none", CELL.format(epochs=args.epochs))
+                                  f"--progress none{extra}", CELL.format(epochs=args.epochs))
                 ns = ip.user_ns
                 row = (ns["accuracy"](ns["model"]), ns["reestimated"](ns["model"]), ns["history"].history["loss"][-1])
                 results[strategy].append(row)

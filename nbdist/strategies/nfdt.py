@@ -30,8 +30,10 @@ def momentum_note(run) -> str | None:
     note = (f"nbdist: effective momentum ~ {effective:.2f} (momentum {mu:g} of the optimizer plus "
             f"{tau_bar / (tau_bar + 1):.2f} from asynchrony at mean staleness {tau_bar:.1f}).")
     if effective > DIVERGENCE_RISK:
-        note += (f" Above {DIVERGENCE_RISK} training may diverge: lower the optimizer's momentum, or use "
-                 "--strategy ddc-asgd, which reduces the momentum by the measured delay.")
+        keep = max(0.0, mu - tau_bar / (tau_bar + 1))
+        note += (f" Above {DIVERGENCE_RISK} training may diverge: --momentum {keep:.2f} keeps it at your {mu:g} (the "
+                 "shards' momentum instead of the optimizer's), or use --strategy ddc-asgd, which reduces the momentum "
+                 "by the measured delay.")
     return note
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 
@@ -160,6 +160,8 @@ class PsWorker(Worker):
             self.virtual_step = StepCost(**(exchange.pulled.get("step") or self.virtual_step.to_json()))
             exchange.virtual = VirtualClock(self.simulated or Profile(), self.virtual_step,
                                             request.samples_per_step or 32)
+        if self.config.get("momentum") is not None:  # --momentum: the shards' momentum, not the cell's
+            spec = replace(spec, momentum=float(self.config["momentum"]))
         self.fit_timings.update(overlap=overlap_decision(self.config.get("overlap") or "off", spec,
                                                          self.config.get("rule")))
         if self.fit_timings["overlap"] == "on":
@@ -268,7 +270,7 @@ def overlap_decision(choice: str, spec: rules.OptimizerSpec, rule: str | None) -
     if choice != "auto":
         return choice
     if rule is None and spec.kind == "SGD" and (spec.momentum or 0.0) > OVERLAP_MOMENTUM_LIMIT:
-        return (f"off: the cell's SGD momentum {spec.momentum:g} plus the one-step delay of an overlapped "
+        return (f"off: the SGD momentum {spec.momentum:g} plus the one-step delay of an overlapped "
                 "exchange would exceed 0.95 (use --overlap on to force it, or --strategy ddc-asgd)")
     return "on"
 
@@ -360,6 +362,8 @@ class PsStrategy(Strategy):
 
     def __init__(self, values):
         super().__init__(values)
+        if not self.value("simulate"):
+            data_fractions(self.value("shards"), None, [])  # refuses --shards speed before the cell is read
         self.service: PsService | None = None
         self.cluster = None
 
@@ -385,7 +389,7 @@ class PsStrategy(Strategy):
             run.record("resumed", path=resume["path"], version=resume.get("version"))
         return {"fractions": fractions, "shards": self.service.addresses, "key": self.service.key.hex(),
                 "ps_restarts": self.service.restarts_left,
-                "overlap": self.overlaps(),
+                "overlap": self.overlaps(), "momentum": settings.get("momentum"),
                 "rule": (settings["rule"] or {}).get("preset"), "data": data,
                 **self.clock_config(len(run.workers))}
 
