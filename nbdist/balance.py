@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from . import structures
 from .ashl.allocation import CostModel, allocate
 from .ashl.profiling import profile_compute
 from .errors import OptionError
@@ -26,12 +27,14 @@ MIN_SHARE = 1 / 8  # no rank gets less than this part of an equal share of the g
 def own_cost(data: dict, model, batch: int, profile: Profile, step: StepCost | None) -> CostModel:
     """This rank's step-time line: exact on the virtual clock (`step` given), else timed on its data."""
     x, y = data["x"], data.get("y")
-    if not isinstance(x, np.ndarray) or not isinstance(y, np.ndarray):
+    leaves = structures.flatten(x) + structures.flatten(y)
+    if y is None or not all(isinstance(a, np.ndarray) for a in leaves):
         raise OptionError("hfdt --balance auto times each rank's steps on numpy arrays and re-shards them by "
-                          "speed; pass x and y as arrays, or use --balance none with this input.")
+                          "speed; pass x and y as arrays, or use --balance none with this input (lists, tuples "
+                          "and dicts of arrays are arrays too).")
     if step is not None:
         return CostModel(step.fixed_s / profile.speed, step.per_sample_s / profile.speed)
-    return profile_compute(model, np.asarray(x), np.asarray(y), batch, profile if profile.speed != 1 else None)
+    return profile_compute(model, x, y, batch, profile if profile.speed != 1 else None)
 
 
 def balanced_batches(costs: list[CostModel], batch: int) -> list[int]:
@@ -58,7 +61,5 @@ def steps_per_epoch(shard_samples: int, batch: int) -> int:
 def whole_batches(data: dict, samples: int) -> dict:
     """The training arrays of `data` (x, y, sample_weight; nested structures too) cut to their first
     `samples`, so an epoch is exactly samples / batch steps."""
-    import keras
-
-    return {key: keras.tree.map_structure(lambda a: a[:samples], data[key])
+    return {key: structures.take(data[key], slice(0, samples))
             for key in ("x", "y", "sample_weight") if data.get(key) is not None}

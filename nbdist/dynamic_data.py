@@ -20,6 +20,7 @@ from collections import deque
 
 import numpy as np
 
+from . import structures
 from .batches import SyncSchedule, epoch_order
 from .errors import OptionError
 from .sharding import is_dataset, is_generator, is_py_dataset
@@ -169,15 +170,6 @@ def training_arrays(request) -> tuple:
     return x, y, weights
 
 
-def first_array(x):
-    """The first array of `x` (an array, or a dict / list / tuple of them): its length is the samples'."""
-    if isinstance(x, dict):
-        return first_array(next(iter(x.values())))
-    if isinstance(x, (list, tuple)):
-        return first_array(x[0])
-    return x
-
-
 def fit_arguments(arrays: tuple, source, request, rank: int, size: int) -> dict:
     """`fit`'s arguments for batches on demand: a pipeline of the batches `source` names from the whole
     `arrays`; the validation data (the cell's, or Keras' own validation_split) stays rank `rank`'s shard."""
@@ -193,32 +185,31 @@ def fit_arguments(arrays: tuple, source, request, rank: int, size: int) -> dict:
         if arrays[2] is not None:
             raise OptionError("fit takes class_weight or sample_weight, not both (Keras refuses it too); fold the "
                               "class weights into sample_weight.")
-        arrays = (arrays[0], arrays[1], class_weight_to_sample_weights(arrays[1], request.class_weight))
+        arrays = (arrays[0], arrays[1], class_weight_to_sample_weights(single_target(arrays[1]), request.class_weight))
     return {"x": pipeline(arrays, source), "y": None, "sample_weight": None, "batch_size": None, "shuffle": False,
             "steps_per_epoch": None, "validation_split": 0.0, "class_weight": None,
             "validation_data": None if validation is None else shard_validation(validation, rank, size)}
 
 
 def pipeline(arrays: tuple, source):
-    """A tf.data pipeline over `arrays` ((x, y, sample_weight); y and sample_weight may be None, x a dict or list
-    of arrays) whose epoch e yields the batches `source.positions(source.epoch)` names; floats cast to floatx as
-    Keras' own array adapter casts them."""
+    """A tf.data pipeline over `arrays` ((x, y, sample_weight); y and sample_weight may be None, each an array or a
+    nest of them, `structures`) whose epoch e yields the batches `source.positions(source.epoch)` names, in the
+    cell's structure (lists as tuples, as Keras' own adapters give them to tf.data); floats cast to floatx as Keras'
+    own array adapter casts them."""
     import keras
     import tensorflow as tf
 
     floatx = keras.backend.floatx()
-    present = tuple(tf.nest.map_structure(_rows, a) for a in arrays if a is not None)
+    present = structures.for_tf_data(tuple(structures.map_leaves(structures.rows, a) for a in arrays if a is not None))
 
     def dtype(a):
         return floatx if np.issubdtype(a.dtype, np.floating) else a.dtype
 
-    signature = tuple(tf.nest.map_structure(lambda a: tf.TensorSpec((None, *a.shape[1:]), dtype(a)), part)
-                      for part in present)
+    signature = structures.map_leaves(lambda a: tf.TensorSpec((None, *a.shape[1:]), dtype(a)), present)
 
     def batches():
         for indices in source.positions(source.epoch):
-            parts = tuple(tf.nest.map_structure(lambda a: np.asarray(a[indices], dtype=dtype(a)), part)
-                          for part in present)
+            parts = structures.map_leaves(lambda a: np.asarray(a[indices], dtype=dtype(a)), present)
             yield parts if len(parts) > 1 else parts[0]
 
     dataset = tf.data.Dataset.from_generator(batches, output_signature=signature if len(present) > 1 else signature[0])
@@ -230,9 +221,13 @@ def pipeline(arrays: tuple, source):
     return dataset.with_options(options)
 
 
-def _rows(a):
-    """An array indexable by sample (a pandas frame or series by position; an array as it is, a memory map too)."""
-    return a.to_numpy() if hasattr(a, "iloc") else np.asarray(a)
+def single_target(y):
+    """The one array of `y` that `class_weight` weighs; Keras takes class_weight for a model of one output only."""
+    leaves = structures.flatten(y)
+    if len(leaves) != 1:
+        raise OptionError(f"class_weight weighs the classes of one output, and y is {structures.describe(y)}: give "
+                          "each output's weights as sample_weight (a dict or list like y), as Keras asks too.")
+    return leaves[0]
 
 
 def epoch_follower(source):

@@ -9,8 +9,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import structures
 from .errors import OptionError
-from .sharding import is_dataset, is_generator, is_py_dataset
+from .sharding import first_batch, is_dataset, is_generator, is_py_dataset
 
 # Every argument of Keras' own `fit`: each worker runs that `fit`, so each is honoured (a strategy
 # that cannot honour one refuses it by name, see `Strategy.refuse`).
@@ -46,9 +47,7 @@ class FitRequest:
         if is_py_dataset(self.args["x"]) or is_generator(self.args["x"]):
             return None
         if is_dataset(self.args["x"]):
-            spec = self.args["x"].element_spec
-            first = spec[0] if isinstance(spec, (tuple, list)) else spec
-            dims = getattr(first, "shape", None)
+            dims = getattr(structures.first_leaf(self.args["x"].element_spec), "shape", None)
             return int(dims[0]) if dims is not None and len(dims) and dims[0] is not None else None
         return int(self.args["batch_size"] or 32)
 
@@ -251,16 +250,9 @@ def build_from_sample(model, sample_input):
         return
     if sample_input is None:
         raise OptionError("The model has no weights yet and the training input is unknown; build it before fit.")
-    if is_dataset(sample_input):
-        batch = next(iter(sample_input.take(1)))
-        sample_input = batch[0] if isinstance(batch, (tuple, list)) else batch
-    elif isinstance(sample_input, dict):
-        sample_input = {k: v[:1] for k, v in sample_input.items()}
-    elif isinstance(sample_input, (list, tuple)):
-        sample_input = [v[:1] for v in sample_input]
-    else:
-        sample_input = sample_input[:1]
-    model(sample_input)
+    if is_dataset(sample_input) or is_py_dataset(sample_input):
+        sample_input = first_batch(sample_input)[0]
+    model(structures.take(sample_input, slice(0, 1)))
 
 
 def _differs(value, default) -> bool:

@@ -478,6 +478,8 @@ class Session:
             print(f"nbdist: {line}.")
         for note in run.notes:
             print(note)
+        for why in dict.fromkeys(f.timings.get("data") for f in run.fits if f.timings.get("data")):
+            print(f"nbdist: --data dynamic fell back: {why}.")
         if run.options.get("planned_epoch_s"):
             from .planner.auto import against_plan
 

@@ -1,6 +1,6 @@
 """Split training data between workers so every worker makes the same number of steps.
 
-Arrays (and `sample_weight` with them) are split by sample, strided; a tf.data.Dataset by
+Arrays (and `sample_weight` with them; any nest of them, `structures`) are split by sample, strided; a tf.data.Dataset by
 batch (`Dataset.shard`); a `keras.utils.PyDataset` by batch index (worker k of N takes
 batches k, k+N, ...); a Python generator by item, the same way.
 """
@@ -12,6 +12,7 @@ import math
 import weakref
 
 from .errors import OptionError
+from .structures import flatten, length, map_leaves, rows, take
 
 _PRESHARDED: dict[int, tuple] = {}  # id(array) -> (weak reference, rank, size, full length)
 
@@ -33,34 +34,16 @@ def presharded(array) -> tuple[int, int, int] | None:
     return entry[1:] if entry is not None and entry[0]() is array else None
 
 
-def _length(data) -> int:
-    if isinstance(data, dict):
-        return len(next(iter(data.values())))
-    if isinstance(data, (list, tuple)):
-        return len(data[0])
-    return len(data)
-
-
-def _index(data, index):
-    if data is None:
-        return None
-    if isinstance(data, dict):
-        return {k: v[index] for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return type(data)(v[index] for v in data)
-    return data[index]
-
-
 def split_validation(x, y, fraction: float, sample_weight=None):
     """Keras' own validation_split: the last `fraction` of the samples, taken before any shuffling.
 
     Returns ((x, y), (x_val, y_val)), with the sample weights appended to each pair when given.
     """
-    split_at = int(math.ceil(_length(x) * (1 - fraction)))
+    split_at = int(math.ceil(length(x) * (1 - fraction)))
     head, tail = slice(0, split_at), slice(split_at, None)
-    train, validation = (_index(x, head), _index(y, head)), (_index(x, tail), _index(y, tail))
+    train, validation = (take(x, head), take(y, head)), (take(x, tail), take(y, tail))
     if sample_weight is not None:
-        train, validation = (*train, _index(sample_weight, head)), (*validation, _index(sample_weight, tail))
+        train, validation = (*train, take(sample_weight, head)), (*validation, take(sample_weight, tail))
     return train, validation
 
 
@@ -82,9 +65,9 @@ def shard_by_fraction(x, y, rank: int, fractions: list[float], sample_weight=Non
     """Rank `rank`'s share `fractions[rank]` of the samples (`weighted_owners`); (x, y[, sample_weight])."""
     import numpy as np
 
-    index = np.flatnonzero(weighted_owners(_length(x), fractions) == rank)
-    shard = (_index(x, index), _index(y, index))
-    return shard if sample_weight is None else (*shard, _index(sample_weight, index))
+    index = np.flatnonzero(weighted_owners(length(x), fractions) == rank)
+    shard = (take(x, index), take(y, index))
+    return shard if sample_weight is None else (*shard, take(sample_weight, index))
 
 
 def shard_arrays(x, y, rank: int, size: int, sample_weight=None):
@@ -96,21 +79,21 @@ def shard_arrays(x, y, rank: int, size: int, sample_weight=None):
     rank the same number of steps; at most size-1 samples per epoch are left out.
     Returns (x, y), or (x, y, sample_weight) when sample weights are given.
     """
-    sent = presharded(x)
-    n = sent[2] if sent else _length(x)
+    sent = next(filter(None, map(presharded, flatten(x))), None)
+    n = sent[2] if sent else length(x)
     if n < size:
         raise OptionError(f"{n} training samples cannot be shared by {size} workers; use fewer --workers.")
     index = strided(n, rank, size)
 
-    def take(data):  # an array the notebook sent as this rank's shard is that shard already
-        shard_of = presharded(data)
+    def cut(leaf):  # an array the notebook sent as this rank's shard is that shard already
+        shard_of = presharded(leaf)
         if shard_of is not None and shard_of[:2] != (rank, size):
             raise OptionError(f"this engine holds the shard {shard_of[0]}/{shard_of[1]} of the data, not "
                               f"{rank}/{size}; re-run the cell (nbdist sends the right one).")
-        return data if shard_of is not None else _index(data, index)
+        return leaf if shard_of is not None else rows(leaf)[index]
 
-    shard = (take(x), take(y))
-    return shard if sample_weight is None else (*shard, take(sample_weight))
+    shard = (map_leaves(cut, x), map_leaves(cut, y))
+    return shard if sample_weight is None else (*shard, map_leaves(cut, sample_weight))
 
 
 def shard_dataset(dataset, rank: int, size: int, steps: int | None):
@@ -147,13 +130,19 @@ def is_dataset(value) -> bool:
 def dataset_batch(dataset) -> int:
     """The samples of a batched tf.data pipeline's first element, or of a PyDataset's first batch."""
     if is_py_dataset(dataset):
-        import numpy as np
-
-        first = dataset[0]
-        return len(np.asarray(first[0] if isinstance(first, (tuple, list)) else first))
+        return length(dataset[0], "the PyDataset's first batch")
     import tensorflow as tf
 
     return int(tf.shape(tf.nest.flatten(next(iter(dataset)))[0])[0])
+
+
+def first_batch(source) -> tuple:
+    """(x, y, sample_weight) of the first batch of a tf.data.Dataset or a PyDataset, unpacked as Keras unpacks it
+    (y and sample_weight None where the source gives none)."""
+    import keras
+
+    first = source[0] if is_py_dataset(source) else next(iter(source))
+    return keras.utils.unpack_x_y_sample_weight(first)
 
 
 def is_py_dataset(value) -> bool:

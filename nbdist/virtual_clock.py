@@ -60,19 +60,17 @@ def ring_allreduce_s(profiles: list[Profile], compute_s: list[float], nbytes: in
 def measure_step_cost(model, data: dict, batch: int) -> StepCost:
     """t(b) at speed 1, measured once on this engine: timed gradient steps at `batch` and 2 x `batch`
     (the fastest of each; a shared host only ever adds time), fitted as fixed + per-sample seconds."""
-    import numpy as np
-
+    from . import structures
     from .ashl.profiling import profile_compute
     from .errors import OptionError
-    from .sharding import is_dataset, is_py_dataset
+    from .sharding import first_batch, is_dataset, is_py_dataset
 
     x, y = data["x"], data.get("y")
     if is_dataset(x) or is_py_dataset(x):
-        first = next(iter(x)) if is_dataset(x) else x[0]
-        x, y = (np.asarray(first[0]), np.asarray(first[1]))
-        batch = max(1, len(x) // 2)
-    elif y is None or not hasattr(x, "__len__"):
+        x, y, _ = first_batch(x)
+        batch = max(1, structures.length(x) // 2)
+    if y is None or not structures.flatten(x) or not all(hasattr(a, "shape") for a in structures.flatten(x)):
         raise OptionError("the virtual clock measures a step on numpy data, a tf.data.Dataset or a PyDataset; "
                           "with this input give the step cost: --simulate '...; clock=virtual; step=12ms'.")
-    model_cost = profile_compute(model, np.asarray(x), np.asarray(y), batch, steps=10)
+    model_cost = profile_compute(model, x, y, batch, steps=10)
     return StepCost(model_cost.fixed_s, model_cost.per_sample_s)

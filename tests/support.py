@@ -213,6 +213,17 @@ def free_engines(client, busy: dict[int, dict], timeout: float) -> str:
     return f"engine(s) {sorted(still)} did not stop when interrupted and were killed"
 
 
+def strategy_line(name: str) -> str:
+    """The magic line that runs a registered strategy on the fewest engines it takes (2 where it can), seed 1,
+    on the virtual clock where it reads --simulate (a tiny cell's run is then deterministic)."""
+    from nbdist.strategies import REGISTRY
+
+    strategy = REGISTRY[name]
+    workers = max(strategy.min_workers, 1 if strategy.max_workers == 1 else 2)
+    virtual = ' --simulate "clock=virtual; step=2ms"' if any(o.name == "simulate" for o in strategy.reads) else ""
+    return f"%%distribute --strategy {name} --workers {workers} --seed 1{virtual}\n"
+
+
 def idle_engines(cluster: TestCluster, count: int) -> list[int]:
     """`count` engines of the cluster, idle (starting more if it has fewer); their ids.
 

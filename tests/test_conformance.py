@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from nbdist.strategies import REGISTRY, strategy_names
-from tests.support import idle_engines
+from tests.support import idle_engines, strategy_line
 
 pytestmark = pytest.mark.cluster
 
@@ -19,17 +19,10 @@ history = model.fit(x[:512], y[:512], batch_size=32, epochs=2, validation_data=(
 '''
 
 
-def line(name: str) -> str:
-    strategy = REGISTRY[name]
-    workers = max(strategy.min_workers, 1 if strategy.max_workers == 1 else 2)
-    virtual = ' --simulate "clock=virtual; step=2ms"' if any(o.name == "simulate" for o in strategy.reads) else ""
-    return f"%%distribute --strategy {name} --workers {workers} --seed 1{virtual}\n"
-
-
 @pytest.mark.parametrize("name", strategy_names())
 def test_every_strategy_trains_the_cell_or_refuses_it_by_name(kernel, cluster, name):
     idle_engines(cluster, 2)
-    reply = kernel.run(line(name) + CELL, timeout=300)
+    reply = kernel.run(strategy_line(name) + CELL, timeout=300)
     if reply.status == "error":  # a refusal: nbdist's, naming the strategy, before any engine trained
         print(f"CONFORMANCE {name}: refused: {reply.evalue}")
         assert reply.ename == "OptionError" and name in reply.evalue, reply.error_text

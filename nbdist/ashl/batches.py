@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import structures
 from ..errors import OptionError
 
 
@@ -31,16 +32,16 @@ class ProportionalBatches:
 
         self.x, self.y, self.rank, self.seed, self.sample_weight = x, y, rank, seed, sample_weight
         self.epoch = 0
-        self.order = np.arange(len(x))
+        self.order = np.arange(structures.length(x))
         self.set_batches(batches)
         self.dataset = _Dataset()
 
     def set_batches(self, batches: list[int]) -> None:
-        if len(self.x) < sum(batches):
-            raise OptionError(f"{len(self.x)} training samples are fewer than one global batch of {sum(batches)}; "
+        if structures.length(self.x) < sum(batches):
+            raise OptionError(f"{structures.length(self.x)} training samples are fewer than one global batch of {sum(batches)}; "
                               "use a smaller batch_size or fewer workers.")
         self.batches = list(batches)
-        self.steps = len(self.x) // sum(batches)
+        self.steps = structures.length(self.x) // sum(batches)
 
     @property
     def size(self) -> int:
@@ -50,13 +51,12 @@ class ProportionalBatches:
         sizes, order = self.batches, self.order  # one read of each: another thread may replace them
         start = k * sum(sizes) + sum(sizes[:self.rank])
         index = np.sort(order[start:start + sizes[self.rank]])
-        if self.sample_weight is None:
-            return self.x[index], self.y[index]
-        return self.x[index], self.y[index], self.sample_weight[index]
+        batch = (structures.take(self.x, index), structures.take(self.y, index))
+        return batch if self.sample_weight is None else (*batch, structures.take(self.sample_weight, index))
 
     def new_epoch(self) -> None:
         self.epoch += 1
-        self.order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.x))
+        self.order = np.random.default_rng([self.seed, self.epoch]).permutation(structures.length(self.x))
 
 
 class AllocatedDeals:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 
+from .. import structures
 from ..hetero import Profile as SimulatedProfile
 from .allocation import CostModel, fit_profile
 
@@ -43,7 +44,8 @@ def profile_compute(model, x, y, b0: int, simulated: SimulatedProfile | None = N
 
     stretch = 1.0 / simulated.speed if simulated is not None else 1.0
     sizes = (b0, 2 * b0)
-    inputs = [(tf.constant(x[:b]), tf.constant(y[:b])) for b in sizes]
+    inputs = [tuple(structures.map_leaves(lambda a, b=b: tf.constant(structures.rows(a)[:b]), part) for part in (x, y))
+              for b in sizes]
     for xb, yb in inputs:  # the first call of each shape traces: not timed
         _wait(gradients(xb, yb))
     if before_timing is not None:

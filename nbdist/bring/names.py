@@ -191,9 +191,21 @@ def _reads(statement) -> list[str]:
 FIT_ARRAYS = ("x", "y", "sample_weight")
 
 
+def _leaf_names(node: ast.AST):
+    """The names a fit argument is made of: `a`, or each name in a literal nest of them (`[a, b]`, `{"k": a}`)."""
+    if isinstance(node, ast.Name):
+        yield node.id
+    elif isinstance(node, (ast.List, ast.Tuple)):
+        for item in node.elts:
+            yield from _leaf_names(item)
+    elif isinstance(node, ast.Dict):
+        for item in node.values:
+            yield from _leaf_names(item)
+
+
 def fit_array_names(python: str) -> set[str]:
-    """Names the cell reads only as `fit`'s x, y, sample_weight or validation_data=(a, b[, w]), with no
-    validation_split: a worker of a strided-sharding strategy may hold just its shard of them."""
+    """Names the cell reads only as `fit`'s x, y, sample_weight or validation_data=(a, b[, w]) (each may be a
+    literal list, tuple or dict of them), with no validation_split: a worker of a strided-sharding strategy may hold just its shard of them."""
     try:
         tree = ast.parse(python)
     except SyntaxError:
@@ -209,9 +221,8 @@ def fit_array_names(python: str) -> set[str]:
         validation = keywords.get("validation_data")
         if isinstance(validation, ast.Tuple):
             arrays += validation.elts
-        for array in arrays:
-            if isinstance(array, ast.Name):
-                as_fit_array[array.id] = as_fit_array.get(array.id, 0) + 1
+        for name in (n for array in arrays for n in _leaf_names(array)):
+            as_fit_array[name] = as_fit_array.get(name, 0) + 1
     loads: dict[str, int] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from .. import structures
 from ..empty_weights import variable_bytes
 from . import schedule as schedules
 from .replicas import METRICS, RGRAD, Position, summed
@@ -69,16 +70,10 @@ def index_batches(n: int, batch: int, shuffle: bool, seed: int, endless: bool = 
 
 
 def gather(data, indices):
-    """`data` (an array, or a list or dict of arrays) at `indices`, as TensorFlow tensors."""
+    """`data` (an array, or a nest of arrays: `structures`) at `indices`, as TensorFlow tensors."""
     import tensorflow as tf
 
-    if data is None:
-        return None
-    if isinstance(data, dict):
-        return {k: tf.convert_to_tensor(v[indices]) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [tf.convert_to_tensor(v[indices]) for v in data]
-    return tf.convert_to_tensor(data[indices])
+    return structures.map_leaves(lambda leaf: tf.convert_to_tensor(structures.rows(leaf)[indices]), data)
 
 
 def stage_model(part, position: Position, links, plan: dict, arrays: dict):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 
+from .. import structures
+
 STEPS = 400  # steps of the cell's batch a short run trains in all, over every worker and epoch
 POINTS = 4  # accuracy measured at least this many times in a short run (its epochs over the first samples)
 VALIDATION = 10000  # validation samples a short run evaluates each epoch (a part only: its accuracy is biased)
@@ -41,21 +43,19 @@ def limit_request(request, samples: int, epochs: int | None = None, validation: 
 
     from ..sharding import dataset_batch, is_dataset, is_py_dataset, py_dataset_of
 
-    def cut(value, n):
-        if isinstance(value, np.ndarray):
-            return value[:n]
-        if isinstance(value, (list, tuple)) and value and all(isinstance(v, np.ndarray) for v in value):
-            return type(value)(v[:n] for v in value)
-        if isinstance(value, dict) and value and all(isinstance(v, np.ndarray) for v in value.values()):
-            return {k: v[:n] for k, v in value.items()}
-        return value
+    def arrays(value) -> bool:  # an array, or any nest of them (`structures`)
+        leaves = structures.flatten(value)
+        return bool(leaves) and all(isinstance(v, np.ndarray) for v in leaves)
+
+    def cut(value, n):  # a pipeline is cut below
+        return structures.take(value, slice(0, n)) if arrays(value) else value
 
     args = request.args
     for name in ("x", "y", "sample_weight"):
         if args.get(name) is not None:
             args[name] = cut(args[name], samples)
     x = args.get("x")
-    if isinstance(x, np.ndarray) or ((is_dataset(x) or is_py_dataset(x)) and whole):
+    if arrays(x) or ((is_dataset(x) or is_py_dataset(x)) and whole):
         args["steps_per_epoch"] = None  # an epoch is the cut data, whatever the cell's own steps
     if is_dataset(x) and whole:
         args["x"] = x.take(max(1, -(-whole // dataset_batch(x))))

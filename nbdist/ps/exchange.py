@@ -118,9 +118,9 @@ class PushPull:
         self.flight_s += time.perf_counter() - started
         return weights, list(self.versions)
 
-    def pull(self) -> list[np.ndarray]:
-        """The current weights (the start of a fit)."""
-        replies = self.client.request("pull", None, self._flat_fields())
+    def pull(self, **fields) -> list[np.ndarray]:
+        """The current weights (the start of a fit); `fields`: the pull's header (`fit`: which fit of this worker)."""
+        replies = self.client.request("pull", None, self._flat_fields(), **fields)
         self.pulled = replies[0].header
         return self._weights(replies)
 

@@ -82,6 +82,8 @@ class Shard:
         self.at_barrier: set[int] = set()  # workers waiting for the others' epoch-end logs
         self.stopping = False  # told to exit
         self.finalized = False  # the end-of-fit finalisation (EMA) was done
+        self.model: str | None = None  # which model (rank 0's) the variables are of: another's fit re-initialises
+        self.fit_ready = 0  # the fit (of rank 0's count) whose init arrived: a pull of a later one waits for it
         self.fits_ended = 0  # end-of-fit barriers released: a newcomer joins only the first fit
         self.paused = False  # control: hold every pull and push, so the version stands still
         self.finishing = False  # every push reply tells its worker to end its fit ...
@@ -201,7 +203,8 @@ class Shard:
             return None
         if kind == "pull":
             step = {"step": self.step_cost} if self.step_cost else {}
-            return [self.weights_reply(ident, worker, stop=False, **step)] if self.initialised else None
+            ready = self.initialised and (message.header.get("fit") or 0) <= self.fit_ready  # this fit's init came
+            return [self.weights_reply(ident, worker, stop=False, **step)] if ready else None
         if kind == "done":  # the end-of-fit barrier: answered once no live worker is still training
             return self._end_of_fit(ident, worker)
         if kind == "epoch":
@@ -447,7 +450,11 @@ class Shard:
         """The first worker's model: variables, the notebook optimizer's slots, the updater; (kind, arrays, fields)."""
         trainable = set(message.header.get("trainable") or [])
         names = [n for n in message.arrays if n in trainable]
-        if self.initialised:  # resumed, or a later fit of the same cell: the PS keeps its state
+        model = message.header.get("model")
+        if self.initialised and model is not None and self.model not in (None, model):  # another model's fit
+            self.variables, self.restored = {}, None  # starts from that model's own weights, as a local fit would
+        self.model, self.fit_ready = model or self.model, message.header.get("fit") or self.fit_ready
+        if self.initialised:  # resumed, or a later fit of the same model in the cell: the PS keeps its state
             if sorted(names) != sorted(self.variables):
                 return "error", None, {"message": f"shard {self.index} holds {sorted(self.variables)[:3]}..., "
                                                   f"this model has {sorted(names)[:3]}...; the model changed "

@@ -36,7 +36,7 @@ from ..errors import OptionError
 from ..hetero import Profile
 from ..keras_bridge import short
 from ..ps.compression import PushCompressor
-from ..sharding import is_dataset, is_generator, is_py_dataset, shard_validation, split_validation
+from ..sharding import first_batch, is_dataset, is_generator, is_py_dataset, shard_validation, split_validation
 from . import options as opt
 from .adsp import local_committer
 from .asgd import DDC_OPTIONS, DELAY_REPORTS, DdcAsgdStrategy
@@ -115,15 +115,13 @@ class AshlWorker(PsWorker):
 
     def train(self, request, exchange: PacedExchange, data: dict, callbacks: list):
         if self.dealt is not None:
-            x, y, b0 = np.asarray(self.arrays[0]), np.asarray(self.arrays[1]), request.samples_per_step
+            (x, y), b0 = self.arrays, request.samples_per_step
         elif is_dataset(data["x"]):
             samples, batched = per_sample(data["x"])
             b0 = batched or request.batch_size or 32
-            first = next(iter(samples.batch(2 * b0)))  # what profiling times its steps on
-            x, y = np.asarray(first[0]), np.asarray(first[1])
+            x, y, _ = first_batch(samples.batch(2 * b0))  # what profiling times its steps on
         else:
-            x, y = np.asarray(data["x"]), np.asarray(data["y"])
-            b0 = request.samples_per_step
+            x, y, b0 = data["x"], data["y"], request.samples_per_step
         allocation = self._profile_and_wait(exchange, request.model, x, y, b0, request.epochs or 1)
         if self.dealt is not None:
             batches, fit = AllocatedDeals(self.dealt, self.rank, exchange), data
@@ -131,9 +129,8 @@ class AshlWorker(PsWorker):
         elif is_dataset(data["x"]):
             batches = DatasetBatches(samples, self.rank, allocation["batches"])
         else:
-            weights = None if data["sample_weight"] is None else np.asarray(data["sample_weight"])
             batches = ProportionalBatches(x, y, self.rank, allocation["batches"], seed=self.spec.get("seed") or 0,
-                                          sample_weight=weights)
+                                          sample_weight=data["sample_weight"])
         if self.dealt is None:
             fit = {**data, "x": batches.dataset, "y": None, "batch_size": None, "sample_weight": None}
         _follow(exchange, batches, allocation, self.rank)

@@ -12,7 +12,7 @@ import math
 import os
 import sys
 
-from .. import balance, dynamic_data, gpus
+from .. import balance, dynamic_data, gpus, structures
 from ..empty_weights import variable_bytes
 from ..errors import ClusterError
 from ..fused_steps import fused_steps
@@ -145,7 +145,7 @@ class HfdtWorker(Worker):
 
             return hvd.rank(), hvd.size()
 
-        self.scheduled = dynamic_data.ScheduledBatches(len(dynamic_data.first_array(x)), int(request.batch_size or 32),
+        self.scheduled = dynamic_data.ScheduledBatches(structures.length(x), int(request.batch_size or 32),
                                                        mode["seed"], where, shuffle=request.shuffle is not False)
         self.scheduled.arrays = (x, y)
         return dynamic_data.fit_arguments((x, y, weights), self.scheduled, request, self.rank, self.size)
@@ -308,7 +308,7 @@ class HfdtWorker(Worker):
         other epoch would be the few steps left over."""
         data = shard_fit_data(request, self.rank, self.size, synchronous=True, fractions=[float(b) for b in batches])
         if data["steps_per_epoch"] is None:
-            own = balance.steps_per_epoch(len(data["x"]), batches[self.rank])
+            own = balance.steps_per_epoch(structures.length(data["x"]), batches[self.rank])
             steps = min(hvd.allgather_object(own, name="nbdist_balance_steps"))
             data = {**data, **balance.whole_batches(data, steps * batches[self.rank])}
         return {**data, "batch_size": batches[self.rank]}

@@ -24,7 +24,7 @@ from dataclasses import asdict, replace
 
 import numpy as np
 
-from .. import dynamic_data, interrupt_guard, optimizer_state
+from .. import dynamic_data, interrupt_guard, optimizer_state, structures
 from ..errors import NbdistError, OptionError, ParameterServerFailed
 from ..hetero import Profile, Slowdown, StepCost, parse_simulate
 from ..keras_bridge import apply_gradients_restored, build_for_training
@@ -65,6 +65,7 @@ class PsWorker(Worker):
             self.refuse_other_optimizers(request)
         spec = self.optimizer_spec(optimizer)  # refuse an optimizer the PS cannot apply, before any work
         self.fit_timings, self.dealt = {}, None  # fit_data deals this worker's batches, where it can
+        self.fits_begun = getattr(self, "fits_begun", 0) + 1  # a pull waits for rank 0's init of the same fit
         data = self.fit_data(request)
         build_for_training(model, self.arrays[0] if self.dealt is not None else data["x"])
         variables = list(model.trainable_variables)
@@ -83,8 +84,9 @@ class PsWorker(Worker):
             try:
                 if self.rank == 0:
                     timed = {"x": self.arrays[0], "y": self.arrays[1]} if self.dealt is not None else data
-                    _init_shards(client, model, spec, plan, names, self._step_cost(model, timed, request))
-                assign(variables, exchange.pull())
+                    _init_shards(client, model, spec, plan, names, self._step_cost(model, timed, request),
+                                 fit=self.fits_begun)
+                assign(variables, exchange.pull(fit=self.fits_begun))
                 self._tune(exchange, request, spec)
                 with apply_gradients_restored(model):
                     own = self.connect(exchange, model, variables)
@@ -227,7 +229,7 @@ class PsWorker(Worker):
         whole arrays (`self.arrays`: x, y for building the model and timing a step); validation stays sharded."""
         x, y, weights = dynamic_data.training_arrays(request)
         self.arrays = (x, y)
-        self.dealt = dynamic_data.DealtBatches(None, len(dynamic_data.first_array(x)), seed,
+        self.dealt = dynamic_data.DealtBatches(None, structures.length(x), seed,
                                                int(request.batch_size or 32), shuffle=request.shuffle is not False)
         return dynamic_data.fit_arguments((x, y, weights), self.dealt, request, self.rank, self.size)
 
@@ -286,9 +288,10 @@ def data_fractions(shards: str, simulate: str | None, profiles: list[Profile]) -
     return [p.speed for p in profiles]
 
 
-def _init_shards(client, model, spec, plan, names, step: dict | None = None) -> None:
+def _init_shards(client, model, spec, plan, names, step: dict | None = None, fit: int = 1) -> None:
     """Rank 0 hands each shard its variables (shard 0 also the non-trainable ones, for checkpoints) and
-    the optimizer's state for them, so training continues from the notebook's optimizer."""
+    the optimizer's state for them, so training continues from the notebook's optimizer. A later fit of the same
+    model (`model`: which one, on rank 0) keeps the shards' state; another model's replaces it."""
     named = variable_names(model)
     trainable = dict(zip(names, (v.numpy() for v in model.trainable_variables)))
     frozen = dict(zip(named["non_trainable"], (v.numpy() for v in model.non_trainable_variables)))
@@ -296,7 +299,7 @@ def _init_shards(client, model, spec, plan, names, step: dict | None = None) -> 
     per_shard = [{n: trainable[n] for n in shard} | {k: a for k, a in slots.items() if k.rsplit(":", 1)[0] in shard}
                  | (frozen if i == 0 else {}) for i, shard in enumerate(plan)]
     client.request("init", per_shard, optimizer=asdict(spec), trainable=names, layout=named["layout"],
-                   iterations=iterations, step=step)
+                   iterations=iterations, step=step, fit=fit, model=f"{id(model):x}")
 
 
 def _take_statistics(client, model) -> None:

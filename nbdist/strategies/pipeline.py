@@ -26,7 +26,9 @@ from ..pipeline.stage import gather, index_batches, stage_model
 from .. import kept_weights
 from ..sharded_checkpoint import Ownership, index_path, refuse_unservable_savers, with_checkpoints, write_part
 from ..ps import wire
-from ..sharding import is_dataset
+from ..dynamic_data import single_target
+from ..sharding import is_dataset, is_py_dataset
+from ..structures import length, map_leaves, rows, take
 from .base import Option, Reports, Strategy, Worker
 from .control_step import stop_when_stopped
 
@@ -124,9 +126,9 @@ class PipelineWorker(Worker):
         batch = int(request.batch_size or 32)
         seed = self.spec["options"].get("seed")
         seed = int(seed if seed is not None else self.spec["run"])
-        train = index_batches(len(arrays["train"]["y"]), batch, bool(request.shuffle), seed,
+        train = index_batches(length(arrays["train"]["x"]), batch, bool(request.shuffle), seed,
                               endless=request.steps_per_epoch is not None)
-        val = (index_batches(len(arrays["val"]["y"]), int(request.validation_batch_size or batch), False, seed)
+        val = (index_batches(length(arrays["val"]["x"]), int(request.validation_batch_size or batch), False, seed)
                if arrays["val"] is not None else None)
         kept, self.callback_changes = self._callbacks_for_stage(request)
         reporter = self.make_reporter(batch)
@@ -203,41 +205,34 @@ class PipelineWorker(Worker):
 def fit_arrays(request) -> dict:
     """The cell's training and validation arrays, as a local fit would cut them; refuses what a
     pipeline cannot read batch by batch on every stage."""
-    from ..sharding import is_generator, is_py_dataset
+    from ..sharding import is_generator
 
     x, y = request.x, request.y
-    if is_dataset(x) or is_py_dataset(x) or is_generator(x) or y is None:
+    source = is_dataset(x) or is_py_dataset(x) or is_generator(x)
+    if source or y is None:
         raise OptionError("--strategy pipeline reads the training data as arrays (model.fit(x, y, ...)) so that every "
                           "stage takes the same batch: the first its inputs, the last its labels. Pass numpy arrays "
-                          f"instead of {type(x).__name__}{' without y' if y is None else ''}, or use a data-parallel "
-                          "strategy.")
+                          f"instead of {type(x).__name__}{' without y' if y is None and not source else ''}, or use a "
+                          "data-parallel strategy.")
     sample_weight = request.sample_weight
     if request.class_weight:
         from keras.src.trainers.data_adapters.data_adapter_utils import class_weight_to_sample_weights
 
-        sample_weight = np.asarray(class_weight_to_sample_weights(np.asarray(y), request.class_weight))
-    train = {"x": x, "y": np.asarray(y), "sample_weight": None if sample_weight is None else np.asarray(sample_weight)}
+        sample_weight = np.asarray(class_weight_to_sample_weights(rows(single_target(y)), request.class_weight))
+    train = {"x": x, "y": map_leaves(rows, y), "sample_weight": map_leaves(rows, sample_weight)}
     val = None
     if request.validation_data is not None:
         data = tuple(request.validation_data)
-        if is_dataset(data[0]):
+        if is_dataset(data[0]) or is_py_dataset(data[0]):
             raise OptionError("--strategy pipeline takes validation_data as arrays (x_val, y_val); it was given a "
-                              "dataset.")
-        val = {"x": data[0], "y": np.asarray(data[1]), "sample_weight": data[2] if len(data) > 2 else None}
+                              f"{type(data[0]).__name__}.")
+        val = {"x": data[0], "y": map_leaves(rows, data[1]),
+               "sample_weight": map_leaves(rows, data[2]) if len(data) > 2 else None}
     elif request.validation_split:
-        split_at = int(np.floor(len(train["y"]) * (1.0 - request.validation_split)))
-        cut = lambda d, s: None if d is None else _index(d, s)  # noqa: E731
-        val = {k: cut(v, slice(split_at, None)) for k, v in train.items()}
-        train = {k: cut(v, slice(0, split_at)) for k, v in train.items()}
+        split_at = int(np.floor(length(train["x"]) * (1.0 - request.validation_split)))
+        val = {k: take(v, slice(split_at, None)) for k, v in train.items()}
+        train = {k: take(v, slice(0, split_at)) for k, v in train.items()}
     return {"train": train, "val": val}
-
-
-def _index(data, where):
-    if isinstance(data, dict):
-        return {k: v[where] for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [v[where] for v in data]
-    return data[where]
 
 
 def sharded_note(written: dict) -> dict:
@@ -294,7 +289,7 @@ def time_segments(chain, x, batch: int) -> list[float]:
 
     cut_at = splits.positions(chain, chain.cuttable)
     segments = splits.stage_ranges(chain, cut_at)
-    h = gather(x, np.arange(min(batch, len(x if not isinstance(x, dict) else next(iter(x.values()))))))
+    h = gather(x, np.arange(min(batch, length(x))))
     costs = []
     for i in range(len(segments)):
         part = splits.stage_part(chain, cut_at, i)

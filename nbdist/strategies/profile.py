@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import structures
 from .base import Strategy, Worker
 
 
@@ -19,16 +20,13 @@ class ProfileWorker(Worker):
         import keras
 
         from ..keras_bridge import build_for_training
-        from ..sharding import is_dataset, is_py_dataset
         from ..virtual_clock import measure_step_cost
 
         x, y = request.x, request.y
         samples, batch = epoch_of(x, request.samples_per_step)
-        first = next(iter(x)) if is_dataset(x) else x[0] if is_py_dataset(x) else None
-        inputs = first[0] if isinstance(first, (tuple, list)) else first
-        build_for_training(request.model, x if first is None else inputs)
+        build_for_training(request.model, x)
         step = measure_step_cost(request.model, {"x": x, "y": y}, batch)
-        arrays = isinstance(x, np.ndarray)
+        arrays = all(isinstance(a, np.ndarray) for a in structures.flatten(x))  # an array, or a nest of them
         self.fit_timings["plan_profile"] = {
             "step": step.to_json(), "batch": batch, "samples": samples, "arrays": arrays,
             "model_bytes": int(sum(np.asarray(v).nbytes for v in request.model.trainable_variables)),
@@ -43,7 +41,7 @@ def epoch_of(x, batch: int | None) -> tuple[int | None, int]:
     """(samples an epoch holds, or None where unknown; the batch) of the fit's `x`: numpy arrays at the cell's
     batch, a batched tf.data pipeline or a PyDataset at their first element's."""
     from ..errors import OptionError
-    from ..sharding import dataset_batch, is_dataset, is_py_dataset
+    from ..sharding import dataset_batch, is_dataset, is_generator, is_py_dataset
 
     if is_dataset(x):
         batch, batches = dataset_batch(x), int(x.cardinality())
@@ -51,11 +49,11 @@ def epoch_of(x, batch: int | None) -> tuple[int | None, int]:
     if is_py_dataset(x):
         batch = dataset_batch(x)
         return len(x) * batch, batch
-    if not hasattr(x, "__len__"):
+    if is_generator(x):
         raise OptionError("--strategy auto measures the cell's step on numpy arrays, a tf.data pipeline or a "
                           "PyDataset; this cell fits a generator. Give fit one of those, or choose a strategy "
                           "(README's table).")
-    return len(x), batch or 32
+    return structures.length(x), batch or 32
 
 
 class ProfileStrategy(Strategy):

@@ -16,7 +16,9 @@ import heapq
 
 import numpy as np
 
+from .. import structures
 from ..errors import OptionError
+from ..structures import take
 from .base import Strategy, Worker
 
 MEMORY_BYTES = 4 << 30  # the most the virtual workers' received weights may hold on the engine
@@ -32,12 +34,12 @@ class VirtualWorkersWorker(Worker):
         from ..ps import rules
 
         emulate = self.values["emulate"]
-        if not isinstance(request.x, np.ndarray):
-            raise OptionError("the planner's accuracy past the cluster needs the cell to fit one numpy array of "
-                              "inputs (not a tf.data pipeline, a PyDataset, a generator or several inputs)")
+        if not all(isinstance(a, np.ndarray) for a in structures.flatten(request.x)):
+            raise OptionError("the planner's accuracy past the cluster needs the cell to fit numpy arrays (one, or "
+                              "a list or dict of them), not a tf.data pipeline, a PyDataset or a generator")
         validation = _validation(request)  # a validation_split's samples leave the training arrays
         x, y, model = request.x, request.y, request.model
-        build_for_training(model, x[:1])
+        build_for_training(model, x)
         spec = rules.spec_from_keras(model.optimizer)
         if emulate.get("momentum") is not None:
             from dataclasses import replace
@@ -126,15 +128,15 @@ class Emulator:
 
     def epoch(self, x, y) -> None:
         """One pass over the samples in a seeded order, a batch to each worker as it becomes free."""
-        order = self.rng.permutation(len(x))
+        order = self.rng.permutation(structures.length(x))
         per_step = min(self.batch * (self.workers if self.synchronous else 1), len(order))
         starts = range(0, len(order) - per_step + 1, per_step)
         for step, start in enumerate(starts):
             index = np.sort(order[start:start + per_step])
             if self.synchronous:
-                self._synchronous_step(x[index], y[index], self._scale(step / len(starts)))
+                self._synchronous_step(take(x, index), take(y, index), self._scale(step / len(starts)))
             else:
-                self._push(x[index], y[index])
+                self._push(take(x, index), take(y, index))
         self.epochs_done += 1
 
     def _scale(self, into_epoch: float) -> float:
@@ -146,8 +148,8 @@ class Emulator:
         return 1 + (self.lr_scale - 1) * progress
 
     def _synchronous_step(self, x, y, lr_scale: float) -> None:
-        parts = [self.gradient(self.weights, x[i:i + self.batch], y[i:i + self.batch])
-                 for i in range(0, len(x), self.batch)]
+        parts = [self.gradient(self.weights, take(x, slice(i, i + self.batch)), take(y, slice(i, i + self.batch)))
+                 for i in range(0, structures.length(x), self.batch)]
         mean = {n: sum(p[n] for p in parts) / len(parts) for n in self.names}
         self.updater.apply(self.weights, mean, 0, 0, self.version, lr_scale)
         self.version += 1
