@@ -50,7 +50,7 @@ class LoopData:
         if is_generator(value):
             raise OptionError(_generator_refusal(name))
         if _is_sequence(value):
-            if len(value) < size:
+            if len(value) < size:  # the items the loop iterates (a loop over a dict or nest iterates its keys)
                 raise OptionError(f"the training loop iterates `{name}`, of {len(value)} items: fewer than the "
                                   f"{size} workers. Use fewer --workers.")
             shard = value[strided(len(value), rank, size)]

@@ -55,6 +55,29 @@ def own_classes(models, namespace: dict) -> list[str]:
             if isinstance(value, type) and value in used and value.__module__ == "__main__"]
 
 
+def own_functions(model) -> dict:
+    """The notebook's own functions the model's saved form names only by name: a `Lambda`'s function, a loss or
+    metric the notebook defined (a closure too, as keras.io's `loss(margin)` returns). Keras looks them up by
+    name when it rebuilds the model; an engine gets them by value (`functions_blob`)."""
+    import types
+
+    import keras
+
+    found = [getattr(layer, "function", None) for layer in _layers(model) if isinstance(layer, keras.layers.Lambda)]
+    config = getattr(getattr(model, "_compile_config", None), "config", None) or {}
+    for key in ("loss", "metrics", "weighted_metrics"):
+        found += keras.tree.flatten(config.get(key)) if config.get(key) is not None else []
+    return {f.__name__: f for f in found if isinstance(f, types.FunctionType) and f.__module__ == "__main__"}
+
+
+def functions_blob(model) -> bytes | None:
+    """`own_functions(model)`, pickled by value (cloudpickle), or None when it has none."""
+    import cloudpickle
+
+    functions = own_functions(model)
+    return cloudpickle.dumps(functions) if functions else None
+
+
 def rebuild_error(model) -> str | None:
     """Why Keras cannot rebuild `model` from its saved form on another process (a layer class of the notebook's
     whose __init__ does not take what its get_config gives), or None. Such a model travels as the notebook's
@@ -183,9 +206,12 @@ def digests(names: list[str]) -> dict:
     return out
 
 
-def install(name: str, state: ModelState) -> None:
+def install(name: str, state: ModelState, functions: bytes | None = None) -> None:
     """Engine side: make this engine's model `name` the notebook's (same architecture assumed); a state without
-    values (`ModelState.settings`) sets the trainable flags and the compile configuration only."""
+    values (`ModelState.settings`) sets the trainable flags and the compile configuration only; `functions`: the
+    notebook's own functions its compile configuration names (`functions_blob`)."""
+    import keras
+
     from .empty_weights import fill
     from .namespace import user_namespace
 
@@ -195,7 +221,8 @@ def install(name: str, state: ModelState) -> None:
     for variable, value in zip(model.weights, state.weights or []):
         fill(variable, value)  # (model.set_weights, for weights made empty too)
     if state.compile and (not model.compiled or compile_text(model.get_compile_config()) != state.compile_text):
-        compile_as(model, state.compile)
+        with keras.saving.custom_object_scope(_notebook_objects(user_namespace(), functions)):
+            compile_as(model, state.compile)
     if state.optimizer is not None:
         optimizer = model.optimizer
         if not optimizer.built:
@@ -213,7 +240,7 @@ def skeleton(model) -> dict:
     return keras.saving.serialize_keras_object(model)
 
 
-def receive_skeleton(name: str, config: dict) -> None:
+def receive_skeleton(name: str, config: dict, functions: bytes | None = None) -> None:
     """Engine side: the model `name` built from its `skeleton`, its layer weights empty (`nbdist.empty_weights`)."""
     import keras
 
@@ -222,7 +249,7 @@ def receive_skeleton(name: str, config: dict) -> None:
 
     namespace = user_namespace()
     compiled = config.pop("compile_config", None)  # (compiled below: Keras would build the optimizer's slots)
-    with keras.saving.custom_object_scope(_notebook_classes(namespace)), weights_without_values():
+    with keras.saving.custom_object_scope(_notebook_objects(namespace, functions)), weights_without_values():
         namespace[name] = keras.saving.deserialize_keras_object(config)
         if compiled:
             compile_as(namespace[name], compiled)
@@ -237,8 +264,18 @@ def compile_as(model, config: dict) -> None:
     model.compile(**keras.saving.deserialize_keras_object(config))
 
 
-def receive(name: str, blob: bytes) -> None:
-    """Engine side: the whole model, as Keras pickles it (its own saving format inside)."""
+def compile_like(target, model) -> None:
+    """Compile `target` as `model` is compiled, the notebook's own losses and metrics it names included (closures
+    too: they are looked up among `model`'s own, `own_functions`)."""
+    import keras
+
+    with keras.saving.custom_object_scope(own_functions(model)):
+        compile_as(target, model.get_compile_config())
+
+
+def receive(name: str, blob: bytes, functions: bytes | None = None) -> None:
+    """Engine side: the whole model, as Keras pickles it (its own saving format inside); `functions`: the
+    notebook's own functions it names (`functions_blob`)."""
     import pickle
 
     import keras
@@ -246,12 +283,16 @@ def receive(name: str, blob: bytes) -> None:
     from .namespace import NAMES_VAR, user_namespace
 
     namespace = user_namespace()
-    with keras.saving.custom_object_scope(_notebook_classes(namespace)):
+    with keras.saving.custom_object_scope(_notebook_objects(namespace, functions)):
         namespace[name] = pickle.loads(blob)
     namespace.setdefault(NAMES_VAR, set()).add(name)  # released with the names the cells bound
 
 
-def _notebook_classes(namespace: dict) -> dict:
-    """The notebook's own classes (layers, models, losses it defined, brought here before the model) by their
-    names: Keras looks an unregistered class up in its module, __main__, which is not where a cell defines it."""
-    return {k: v for k, v in namespace.items() if isinstance(v, type) and v.__module__ == "__main__"}
+def _notebook_objects(namespace: dict, functions: bytes | None = None) -> dict:
+    """The notebook's own classes (layers, models, losses it defined, brought here before the model) and the
+    functions its model names (`functions_blob`), by their names: Keras looks an unregistered one up in its
+    module, __main__, which is not where a cell defines it."""
+    import cloudpickle
+
+    classes = {k: v for k, v in namespace.items() if isinstance(v, type) and v.__module__ == "__main__"}
+    return {**classes, **(cloudpickle.loads(functions) if functions else {})}

@@ -184,25 +184,27 @@ class Session:
         by_code = {name for name, model in used.items() if model_sync.rebuild_error(model) is not None}
         for name, state in states.items():
             digest, blob = state.digest(), None
+            functions = model_sync.functions_blob(used[name])  # the notebook's functions it names (a loss of its own)
             for eid in engine_ids:
                 theirs = have[eid].get(name)
                 if theirs is not None and theirs[1] == digest:
                     continue
+                client = cluster.client[eid]
                 if name in by_code and (theirs is None or theirs[0] != state.architecture):
                     # the statements that made it run there again (the bring plan), its state installed after
-                    calls.append((eid, cluster.client[eid].apply_async(namespace.forget, [f"bring:{name}"])))
+                    calls.append((eid, client.apply_async(namespace.forget, [f"bring:{name}"])))
                     continue
                 if (theirs is None or theirs[0] != state.architecture) and not values:
-                    calls.append((eid, cluster.client[eid].apply_async(model_sync.receive_skeleton, name,
-                                                                       model_sync.skeleton(used[name]))))
+                    calls.append((eid, client.apply_async(model_sync.receive_skeleton, name,
+                                                          model_sync.skeleton(used[name]), functions)))
                 elif theirs is None or theirs[0] != state.architecture:
                     blob = blob or pickle.dumps(used[name])
-                    calls.append((eid, cluster.client[eid].apply_async(model_sync.receive, name, blob)))
+                    calls.append((eid, client.apply_async(model_sync.receive, name, blob, functions)))
                     sent["model_bytes"] += len(blob)
                 elif not values:
-                    calls.append((eid, cluster.client[eid].apply_async(model_sync.install, name, state.settings())))
+                    calls.append((eid, client.apply_async(model_sync.install, name, state.settings(), functions)))
                 else:
-                    calls.append((eid, cluster.client[eid].apply_async(model_sync.install, name, state)))
+                    calls.append((eid, client.apply_async(model_sync.install, name, state, functions)))
                     sent["model_bytes"] += state.nbytes
                 sent["models"].setdefault(name, []).append(eid)
         for eid, call in calls:

@@ -254,7 +254,7 @@ def shard_validation(validation, rank: int, size: int, fractions: list[float] | 
         return shard_dataset(validation, rank, size, None)[0]
     if is_py_dataset(validation):
         return shard_py_dataset(validation, rank, size, fractions)
-    weights = validation[2] if len(validation) > 2 else None
+    weights = validation[2] if len(validation) > 2 else None  # Keras' (x, y[, w]): each part may be a nest
     if fractions is not None:
         return shard_by_fraction(validation[0], validation[1], rank, fractions, weights)
     return shard_arrays(validation[0], validation[1], rank, size, weights)

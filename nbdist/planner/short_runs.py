@@ -60,7 +60,7 @@ def limit_request(request, samples: int, epochs: int | None = None, validation: 
     if is_dataset(x) and whole:
         args["x"] = x.take(max(1, -(-whole // dataset_batch(x))))
     elif is_py_dataset(x) and whole:
-        args["x"] = py_dataset_of(x, list(range(min(len(x), max(1, -(-whole // dataset_batch(x)))))))
+        args["x"] = py_dataset_of(x, list(range(min(len(x), max(1, -(-whole // dataset_batch(x)))))))  # len: batches
     if validation == 0:
         args.update(validation_data=None, validation_split=0.0)
     elif isinstance(args.get("validation_data"), tuple):

@@ -92,6 +92,8 @@ class PipelineWorker(Worker):
             stage = stage_model(part, self.position, links, {**plan, "microbatches": self.config["microbatches"],
                                                               "schedule": self.config["schedule"]}, self._own(arrays))
             self.layout = stage_layout(model, part)
+            if self.last and getattr(model, "output_names", None):  # a loss dict keyed by the model's output names
+                stage.output_names = list(model.output_names)
             stage.compile(**stage_compile_args(model, self.last), run_eagerly=True)
             fill_own_part(model, stage, self.layout, links.desk)
             release(model, keep=part.weights)
@@ -227,7 +229,7 @@ def fit_arrays(request) -> dict:
             raise OptionError("--strategy pipeline takes validation_data as arrays (x_val, y_val); it was given a "
                               f"{type(data[0]).__name__}.")
         val = {"x": data[0], "y": map_leaves(rows, data[1]),
-               "sample_weight": map_leaves(rows, data[2]) if len(data) > 2 else None}
+               "sample_weight": map_leaves(rows, data[2]) if len(data) > 2 else None}  # (x, y[, w]): Keras' tuple
     elif request.validation_split:
         split_at = int(np.floor(length(train["x"]) * (1.0 - request.validation_split)))
         val = {k: take(v, slice(split_at, None)) for k, v in train.items()}

@@ -48,7 +48,7 @@ def epoch_of(x, batch: int | None) -> tuple[int | None, int]:
         return (batches * batch if batches > 0 else None), batch
     if is_py_dataset(x):
         batch = dataset_batch(x)
-        return len(x) * batch, batch
+        return len(x) * batch, batch  # a PyDataset's length is its batches
     if is_generator(x):
         raise OptionError("--strategy auto measures the cell's step on numpy arrays, a tf.data pipeline or a "
                           "PyDataset; this cell fits a generator. Give fit one of those, or choose a strategy "

@@ -61,7 +61,7 @@ class VirtualWorkersWorker(Worker):
 
 def _validation(request):
     data = request.args.get("validation_data")
-    if isinstance(data, (tuple, list)) and len(data) >= 2:
+    if isinstance(data, (tuple, list)) and len(data) >= 2:  # Keras' (x, y[, w]), each part any nest
         return data[0], data[1]
     if request.args.get("validation_split"):
         from ..sharding import split_validation

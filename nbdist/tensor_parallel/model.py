@@ -15,7 +15,7 @@ from .. import optimizer_state
 from ..empty_weights import fill, weights_without_values
 from ..errors import OptionError
 from ..model_parts import join
-from ..model_sync import compile_as
+from ..model_sync import compile_like
 from .plan import split_axes
 
 
@@ -48,7 +48,7 @@ def parallel_model(model, plan: list[dict], rank: int, size: int, values: list):
         fill(twin, values[i])
         values[i] = None
     try:
-        compile_as(parallel, model.get_compile_config())  # (its optimizer built later, with the notebook's slots)
+        compile_like(parallel, model)  # (its optimizer built later, with the notebook's slots)
     except Exception as exc:  # a loss or metric defined in the notebook without registration, say
         raise OptionError(f"--strategy tensor compiles each engine's share of the model as the cell compiled its "
                           f"own and could not ({type(exc).__name__}: {exc}); register the cell's own losses and "
