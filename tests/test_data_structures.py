@@ -6,10 +6,11 @@ name; a dict `y` of two outputs with a loss dict and `loss_weights`; a nest (a d
 `sample_weight` per output. Sources: numpy arrays (with `validation_data` arrays of the same structure), a
 `tf.data` pipeline of that structure, a `PyDataset` of it (each with its validation data in the same form).
 
-Each (strategy, source) runs one cell that fits the seven structures in turn: every History holds each output's
-loss as a local fit's does, and every model changed. Where the cell does not train, each structure runs alone,
-and each must train or be refused by name before any engine trains, with a refusal this test expects and
-README's refusal table lists. Any other error (raw TensorFlow or Keras from nbdist's own frames included) fails.
+Each strategy runs one cell that fits the 21 cases in turn: every History holds each output's loss as a local fit's
+does, and every model changed. Where the cell is refused, each source's cases run in a cell of their own, and where
+that is refused each case alone: each must train or be refused by name before any engine trains, with a refusal
+this test expects and README's refusal table lists. Any other error (raw TensorFlow or Keras from nbdist's own
+frames included) fails.
 """
 
 from __future__ import annotations
@@ -110,9 +111,9 @@ FITS = {
 
 STEP = '''
 model, x, y, w = case({structure!r})
-starts[{structure!r}] = [v.copy() for v in model.get_weights()]
-histories[{structure!r}] = {fit}.history
-changed[{structure!r}] = any(bool((a != b).any()) for a, b in zip(starts[{structure!r}], model.get_weights()))
+starts[{key!r}] = [v.copy() for v in model.get_weights()]
+histories[{key!r}] = {fit}.history
+changed[{key!r}] = any(bool((a != b).any()) for a, b in zip(starts[{key!r}], model.get_weights()))
 '''
 
 TWO_OUTPUTS = ("dict_y", "nest", "weights_per_output")
@@ -125,9 +126,10 @@ REFUSED = {
 }
 
 
-def cell(source: str, structures) -> str:
+def cell(cases) -> str:
+    """One cell that fits each (structure, source) of `cases` in turn, each a fresh model."""
     return "starts, histories, changed = {}, {}, {}\n" + "".join(
-        STEP.format(structure=s, fit=FITS[source]) for s in structures)
+        STEP.format(structure=structure, key=f"{structure} {source}", fit=FITS[source]) for structure, source in cases)
 
 
 def expected_keys(structure: str) -> set[str]:
@@ -135,19 +137,35 @@ def expected_keys(structure: str) -> set[str]:
     return losses | {f"val_{k}" for k in losses}
 
 
-def outcome(kernel, name: str, source: str, structures) -> tuple[str, str]:
-    """("trains", keys) or ("refused", the refusal); fails on any other error."""
-    reply = kernel.run(strategy_line(name) + cell(source, structures), timeout=300)
+def outcome(kernel, name: str, cases) -> tuple[str, str]:
+    """("trains", "") when every case trained, or ("refused", the refusal); fails on any other error."""
+    reply = kernel.run(strategy_line(name) + cell(cases), timeout=300)
     if reply.status == "error":
         assert reply.ename == "OptionError" and name in reply.evalue, (
-            f"{name} x {source} x {structures}: not trained and not refused by name:\n{reply.error_text}")
+            f"{name} x {cases}: not trained and not refused by name:\n{reply.error_text}")
         assert kernel.value("nbdist.last_run is None or nbdist.last_run.status != 'done'")
         return "refused", reply.evalue
-    found = kernel.value("{s: [sorted(h), changed[s]] for s, h in histories.items()}")
-    for structure in structures:
-        keys, moved = found[structure]
-        assert set(keys) == expected_keys(structure) and moved, (name, source, structure, keys, moved)
+    found = kernel.value("{k: [sorted(h), changed[k]] for k, h in histories.items()}")
+    for structure, source in cases:
+        keys, moved = found[f"{structure} {source}"]
+        assert set(keys) == expected_keys(structure) and moved, (name, structure, source, keys, moved)
     return "trains", ""
+
+
+def matrix(kernel, name: str) -> dict:
+    """{(structure, source): (outcome, refusal)}: every case in one cell; where that is refused, each source's
+    cases in one cell; where that is refused, each case alone."""
+    everything = [(structure, source) for source in FITS for structure in STRUCTURES]
+    kind, why = outcome(kernel, name, everything)
+    if kind == "trains":
+        return {case: (kind, why) for case in everything}
+    rows = {}
+    for source in FITS:
+        cases = [(structure, source) for structure in STRUCTURES]
+        kind, why = outcome(kernel, name, cases)
+        rows |= {case: (kind, why) for case in cases} if kind == "trains" else \
+            {case: outcome(kernel, name, [case]) for case in cases}
+    return rows
 
 
 @pytest.fixture(scope="module")
@@ -156,18 +174,13 @@ def structures_kernel(kernel):
     return kernel
 
 
-@pytest.mark.parametrize("source", list(FITS))
 @pytest.mark.parametrize("name", strategy_names())
-def test_every_structure_trains_or_is_refused_by_name(structures_kernel, cluster, name, source):
+def test_every_structure_from_every_source_trains_or_is_refused_by_name(structures_kernel, cluster, name):
     idle_engines(cluster, 2)
-    kind, why = outcome(structures_kernel, name, source, STRUCTURES)
-    rows = {s: (kind, why) for s in STRUCTURES}
-    if kind == "refused":  # which structures: each alone
-        rows = {s: outcome(structures_kernel, name, source, [s]) for s in STRUCTURES}
-    for structure, (kind, why) in rows.items():
+    rows = matrix(structures_kernel, name)
+    for (structure, source), (kind, why) in rows.items():
         print(f"MATRIX | {name} | {structure} | {source} | {kind} | {why.splitlines()[0] if why else ''}")
+        expected = "refused" if (name, source) in REFUSED else "trains"
+        assert kind == expected, f"{name}: {structure} from {source} {kind} ({why or 'no refusal'}), not {expected}"
         if kind == "refused":
-            assert (name, source) in REFUSED, f"{name} refused {structure} from {source}, unexpectedly: {why}"
             assert REFUSED[name, source] in README, f"README's refusal table does not list: {REFUSED[name, source]}"
-    expected = "refused" if (name, source) in REFUSED else "trains"
-    assert {kind for kind, _ in rows.values()} == {expected}, rows

@@ -48,8 +48,11 @@ def _probe(shard, ident, worker, message):
 
 def _pull(shard, ident, worker, message):
     """The start of a (next) fit call."""
-    if shard.finalized and shard.dealer is not None:  # the first pull of a later fit: its epochs are dealt anew
-        shard.dealer.new_fit()
+    if shard.finalized:  # the first pull of a later fit: its epochs are dealt and agreed anew (a fit's epoch 0
+        shard.epoch_logs.clear()  # logs are not the last fit's epoch 0 logs)
+        shard.epoch_vts.clear()
+        if shard.dealer is not None:
+            shard.dealer.new_fit()
     shard.workers[worker].done = False
     shard.finalized = False
     if shard.finishing_reason == "laggards":
