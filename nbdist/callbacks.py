@@ -133,3 +133,37 @@ def _skipped(name: str):
 
     skipped.__name__ = name
     return skipped
+
+
+def set_monitor_directions(callbacks, model) -> None:
+    """Give each monitoring callback (`ModelCheckpoint`, `EarlyStopping`, ... with `mode="auto"`) the direction of
+    its metric as `model`, compiled by the cell, defines it. Keras reads it from the metrics of the model the
+    callback runs with, which a worker's model may not hold (a pipeline stage before the last computes no
+    metric, yet its logs carry every stage's agreed metrics)."""
+    from keras import ops
+
+    for callback in callbacks or []:  # (Keras' MonitorCallback is not public: what it holds says what it is)
+        if not all(hasattr(callback, a) for a in ("monitor", "mode", "monitor_op", "min_delta")) \
+                or callback.mode != "auto" or callback.monitor_op is not None:
+            continue
+        up = metric_direction(model, callback.monitor.removeprefix("val_"))
+        if up is not None:
+            callback.monitor_op = ops.greater if up else ops.less
+            if not up:
+                callback.min_delta *= -1  # as Keras' own `_set_monitor_op` leaves a decreasing monitor
+
+
+def metric_direction(model, name: str) -> bool | None:
+    """True where the cell's compiled metric `name` improves upwards, False downwards, None where not known."""
+    import keras
+
+    if name == "loss" or name.endswith("_loss"):
+        return False
+    config = getattr(getattr(model, "_compile_config", None), "config", None) or {}
+    for key in ("metrics", "weighted_metrics"):
+        for metric in keras.tree.flatten(config.get(key)) if config.get(key) is not None else []:
+            if isinstance(metric, str) and metric == name:
+                metric = keras.metrics.get(metric)
+            if getattr(metric, "name", None) == name and hasattr(metric, "_direction"):
+                return metric._direction == "up"
+    return None

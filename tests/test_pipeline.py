@@ -164,6 +164,60 @@ history = model.fit(x, y, batch_size=40, epochs=3, steps_per_epoch=10, shuffle=F
     assert kernel.value(DIFF.format("run_opt", "[v.numpy() for v in back.optimizer.variables]")) == 0
 
 
+def test_a_checkpoint_that_monitors_a_compiled_metric_keeps_its_best_epoch_on_every_stage(kernel, cluster, tmp_path):
+    """`ModelCheckpoint(monitor="val_accuracy")` with its default mode reads the metric's direction from the cell's
+    compiled metrics: the first stage computes no metric of its own (keras-io's ViT failed there, raw), yet every
+    stage saves its part at the epoch of the best validation accuracy."""
+    idle_engines(cluster, 2)
+    path = tmp_path / "best.weights.h5"
+    cell = f'''
+model = build()
+model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+best = keras.callbacks.ModelCheckpoint({str(path)!r}, monitor="val_accuracy", save_best_only=True,
+                                       save_weights_only=True)
+history = model.fit(x, y, batch_size=40, epochs=3, steps_per_epoch=5, shuffle=False, callbacks=[best],
+                    validation_data=(xt[:200], yt[:200]))
+'''
+    kernel.run("%%distribute --strategy pipeline --stages 2 --seed 2\n" + cell, timeout=240).check()
+    accuracy = kernel.value("history.history['val_accuracy']")
+    assert kernel.value("best.best") == pytest.approx(max(accuracy))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.weights.json", "best_00000.weights.h5",
+                                                        "best_00001.weights.h5"]
+
+
+CLOSURES = '''
+def scaled_crossentropy(scale):
+    def scaled(y_true, y_pred):
+        return scale * keras.losses.sparse_categorical_crossentropy(y_true, y_pred)
+    return scaled
+
+def top_class_rate(y_true, y_pred):
+    hits = keras.ops.cast(keras.ops.argmax(y_pred, -1), "int32") == keras.ops.cast(keras.ops.reshape(y_true, (-1,)), "int32")
+    return keras.ops.mean(keras.ops.cast(hits, "float32"))
+'''
+OWN_LOSS_CELL = '''
+model = build()
+model.compile(optimizer=keras.optimizers.SGD(0.05), loss=scaled_crossentropy(0.5), metrics=[top_class_rate])
+history = model.fit(x, y, batch_size=40, epochs=2, steps_per_epoch=10, shuffle=False)
+'''
+
+
+@pytest.mark.parametrize("line", ["--strategy pipeline --stages 2", "--strategy tensor --workers 2"])
+def test_a_loss_closure_and_a_metric_of_the_notebook_train_unchanged(kernel, cluster, line):
+    """A loss made by a closure of the notebook (keras.io's siamese `loss(margin)` is one) and a metric function of
+    its own, defined in a plain cell: each engine's share compiles with them as they are (no registration), and the
+    run equals one engine's after 20 steps."""
+    idle_engines(cluster, 2)
+    kernel.run(CLOSURES).check()
+    kernel.run("%%distribute --strategy local --seed 3\n" + OWN_LOSS_CELL, timeout=180).check()
+    kernel.run("own_local_w, own_local_hist = model.get_weights(), history.history").check()
+    kernel.run(f"%%distribute {line} --seed 3\n" + OWN_LOSS_CELL, timeout=240).check()
+    assert kernel.value(DIFF.format("own_local_w", "model.get_weights()")) <= 1e-5
+    assert kernel.value("sorted(history.history)") == ["loss", "top_class_rate"]
+    assert kernel.value("max(abs(a - b) for a, b in zip(own_local_hist['top_class_rate'], "
+                        "history.history['top_class_rate']))") <= 1e-5
+
+
 def test_savers_a_pipeline_cannot_serve_are_refused_before_training(kernel, cluster, tmp_path):
     idle_engines(cluster, 2)
     for callback, says in ((f"keras.callbacks.ModelCheckpoint({str(tmp_path / 'm.keras')!r})",

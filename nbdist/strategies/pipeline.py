@@ -152,6 +152,7 @@ class PipelineWorker(Worker):
 
         kept, changes = callbacks.for_rank(request.callbacks, 0 if self.keeps_callbacks else self.rank + 1, self.size)
         kept = with_checkpoints(request.callbacks, kept)
+        callbacks.set_monitor_directions(kept, request.model)  # a stage before the last compiles no metric
         self.files_written = [sharded_note(w) for w in callbacks.files_written(kept)] if self.keeps_callbacks else []
         return kept, changes
 
