@@ -75,6 +75,32 @@ def test_the_stages_of_a_cut_compute_what_the_whole_model_does():
     assert len(first.weights) == len(second.weights) == 2
 
 
+def test_a_layer_called_twice_falls_whole_in_one_stage():
+    """A siamese network's tower (a nested model called on both inputs) stands once in the chain: no cut right
+    after it (each call's output would cross) and none between two calls of a shared layer; the cut after the
+    merge computes what the whole model does."""
+    import keras
+    from keras import layers
+
+    from nbdist.pipeline.split import positions
+
+    item = layers.Input((4,))
+    tower = keras.Model(item, layers.Dense(3)(item), name="tower")
+    a, b = layers.Input((4,)), layers.Input((4,))
+    merged = layers.Subtract(name="diff")([tower(a), tower(b)])
+    siamese = keras.Model([a, b], layers.Dense(1, name="out")(layers.Dense(5, name="d1")(merged)))
+    chain = chain_of(siamese)
+    assert chain.cuttable == ["diff", "d1"] and "called 2 times" in chain.blocked["tower"]
+    cut = positions(chain, ["diff"])
+    x = [np.random.default_rng(0).normal(size=(2, 4)), np.zeros((2, 4))]
+    assert np.allclose(stage_part(chain, cut, 1)(stage_part(chain, cut, 0)(x)), siamese(x), atol=1e-6)
+
+    shared = layers.Dense(4, name="shared")
+    inputs = layers.Input((4,))
+    twice = keras.Model(inputs, layers.Dense(1)(shared(layers.Dense(4, name="between")(shared(inputs)))))
+    assert chain_of(twice).cuttable == []  # every cut would split the shared layer's calls
+
+
 def test_a_subclassed_model_is_refused_with_what_to_do():
     import keras
 

@@ -54,17 +54,13 @@ def _functional_chain(model) -> Chain:
     counts: dict[int, int] = {}
     for op in ops:
         counts[id(op)] = counts.get(id(op), 0) + 1
-    shared = [op.name for op in ops if counts[id(op)] > 1]
-    if shared:
-        raise OptionError(f"--strategy pipeline cannot cut a model that calls one layer twice ({shared[0]!r}): "
-                          "its weights would live on two stages.")
     order = [op for op in dict.fromkeys(ops)]
     position = {id(op): i for i, op in enumerate(order)}
     producer = {id(t): node.operation for node in nodes for t in node.output_tensors}
     outputs = {id(t) for t in model.outputs}
     chain = Chain(model, order)
     for i, op in enumerate(order[:-1]):
-        reason = _why_not_a_cut(op, i, order, nodes, producer, position, outputs)
+        reason = _why_not_a_cut(op, i, order, nodes, producer, position, outputs, counts)
         if reason:
             chain.blocked[op.name] = reason
         else:
@@ -72,17 +68,26 @@ def _functional_chain(model) -> Chain:
     return chain
 
 
-def _why_not_a_cut(op, i, order, nodes, producer, position, outputs) -> str | None:
-    """Why a cut after `order[i]` is crossed by a tensor other than its output (None: it is a cut)."""
+def _why_not_a_cut(op, i, order, nodes, producer, position, outputs, counts) -> str | None:
+    """Why a cut after `order[i]` is crossed by a tensor other than its output, or by data flowing back (a layer
+    called twice, once on each side), or sits after a layer called twice (None: it is a cut). A layer called
+    more than once stands in the chain once, at its first call: its calls all fall in one stage."""
     for node in nodes:
-        if node.is_input or position[id(node.operation)] <= i:
+        if node.is_input:
             continue
+        after = position[id(node.operation)] > i
         for tensor in node.input_tensors:
             source = producer.get(id(tensor))
             upstream = source is not None and (id(source) not in position or position[id(source)] <= i)
-            if upstream and source is not op:
+            if not after and source is not None and not upstream:
+                return (f"{node.operation.name!r} is called more than once, on both sides of it: a layer's calls "
+                        "must all fall in one stage (its weights live in one)")
+            if after and upstream and source is not op:
                 return (f"the output of {source.name!r} crosses it too (used by {node.operation.name!r}); "
                         "a pipeline cut may be crossed by one tensor only")
+            if after and upstream and counts[id(op)] > 1:
+                return (f"{op.name!r} is called {counts[id(op)]} times: each call's output would cross it; a "
+                        "pipeline cut may be crossed by one tensor only")
     for tensor_id in outputs:
         source = producer.get(tensor_id)
         if source is not None and id(source) in position and position[id(source)] <= i:
