@@ -98,6 +98,46 @@ def test_a_functional_transformer_splits_attention_by_heads_and_equals_local_aft
             assert shapes[names.index(name)] == half, (name, shapes[names.index(name)])
 
 
+PROBE = '''
+import builtins
+import tensorflow as tf
+
+class Probe(keras.layers.Layer):
+    """Records the sum of what enters it in each training step, on the engine that computes it."""
+    def compute_output_shape(self, shape):
+        return shape
+
+    def call(self, inputs, training=False):
+        def note(values):
+            builtins.__dict__.setdefault("_nbdist_test_probe", []).append(float(np.asarray(values).sum()))
+            return np.float32(0)
+
+        marker = tf.numpy_function(note, [inputs], tf.float32)
+        marker.set_shape(())
+        return inputs + 0.0 * marker
+
+dropped = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu", name="big_1"),
+                            keras.layers.Dropout(0.5), Probe(), keras.layers.Dense(128, activation="relu", name="big_2"),
+                            keras.layers.Dense(10, activation="softmax", name="head")])
+dropped.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+'''
+
+
+def test_a_dropout_on_replicated_activations_draws_the_same_mask_on_every_engine(kernel, cluster):
+    """After a column-split layer gathers its output, every engine holds the same activations; a Dropout there must
+    draw one mask, as one model would, or the engines train different things (keras-io's ViT lost half its
+    accuracy under `tensor`). What enters the next layer is recorded on each engine, step by step: equal."""
+    engines = idle_engines(cluster, 2)
+    kernel.run(PROBE).check()
+    for eid in engines:
+        cluster.client[eid].execute("import builtins; builtins.__dict__.pop('_nbdist_test_probe', None)", block=True)
+    kernel.run("%%distribute --strategy tensor --workers 2\ndropped.fit(tx, ty, batch_size=32, epochs=1, "
+               "steps_per_epoch=5, verbose=0)", timeout=240).check()
+    seen = [cluster.client[eid].apply_sync(lambda: __import__("builtins").__dict__.get("_nbdist_test_probe"))
+            for eid in kernel.value("nbdist.last_run.workers")]
+    assert len(seen[0]) == 5 and seen[0] == seen[1], seen
+
+
 def test_a_dead_engine_fails_the_run_naming_it_and_the_cluster_serves_the_next_cell(kernel, cluster):
     survivor = idle_engines(cluster, 1)[0]
     victim, pid = new_engine(cluster)

@@ -25,7 +25,8 @@ from ..model_parts import (DeskClient, PartsDesk, cut, load_slots, notebook_name
                            release, slots_per_variable, taken)
 from ..ps import wire
 from ..sharded_checkpoint import refuse_unservable_savers, with_checkpoints, write_gathered
-from ..tensor_parallel.model import engine_bytes, parallel_model, trainable_axes, twins, weight_axes, whole
+from ..tensor_parallel.model import (draw_alike, engine_bytes, parallel_model, trainable_axes, twins, weight_axes,
+                                     whole)
 from ..tensor_parallel.plan import plan_splits
 from . import horovod_ops as ops
 from .base import Option, Reports
@@ -64,11 +65,13 @@ class TensorWorker(HfdtWorker):
             trainable = twins_of_trainable(model, parallel)
             load_slots(parallel.optimizer, trainable, slots)
             parallel.save_weights = parallel.save = checkpoint_writer(hvd, model, parallel, axes)
-            if self.spec.get("seed") is None:  # every engine must draw the same batches (and Dropout masks)
+            seed = self.spec.get("seed")
+            if seed is None:  # every engine must draw the same batches (and Dropout masks)
                 import keras
 
-                keras.utils.set_random_seed(hvd.broadcast_object(random.randrange(2 ** 31), root_rank=0,
-                                                                 name="nbdist_tp_seed"))
+                seed = hvd.broadcast_object(random.randrange(2 ** 31), root_rank=0, name="nbdist_tp_seed")
+                keras.utils.set_random_seed(seed)
+            draw_alike(parallel, int(seed), hvd.rank())
             callbacks = [*with_checkpoints(request.callbacks, self.user_callbacks(request)),
                          self.make_reporter(request.samples_per_step or 32)]
             history = request.original_fit(parallel, **{**request.args, "callbacks": callbacks, "verbose": 0})

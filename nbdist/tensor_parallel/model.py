@@ -19,6 +19,9 @@ from ..model_sync import compile_like
 from .plan import split_axes
 
 
+SPLIT_PREFIX = "nbdist_tp_"  # the names of the split layers in an engine's model
+
+
 def parallel_model(model, plan: list[dict], rank: int, size: int, values: list):
     """This engine's model: the cell's layers, split ones replaced by their slices, given `values` (this engine's
     slice of each of `model.weights`, or the whole of a replicated one); compiled like the cell's."""
@@ -35,7 +38,7 @@ def parallel_model(model, plan: list[dict], rank: int, size: int, values: list):
                 return layer.__class__.from_config(layer.get_config())
             except Exception:  # noqa: BLE001 - a notebook's layer whose config does not remake it: the layer itself
                 return layer  # (shared with the cell's model: a replicated layer's variables are the same anyway)
-        return SPLIT_LAYERS[entry["kind"]](layer.get_config(), rank, size, f"nbdist_tp_{i}", gathers=entry["gathers"])
+        return SPLIT_LAYERS[entry["kind"]](layer.get_config(), rank, size, f"{SPLIT_PREFIX}{i}", gathers=entry["gathers"])
 
     compiled, model.compiled = model.compiled, False  # (clone_model would compile the clone: compiled below)
     try:
@@ -55,6 +58,23 @@ def parallel_model(model, plan: list[dict], rank: int, size: int, values: list):
                           "metrics with keras.saving.register_keras_serializable, or pass Keras' by name.") from None
     parallel.jit_compile = False  # XLA cannot compile Horovod's ops
     return parallel
+
+
+def draw_alike(parallel, seed: int, rank: int) -> None:
+    """Restart every random-number generator of this engine's model from `seed` (the same on every engine) and its
+    place in the model: a replicated layer (a Dropout on gathered activations, an augmentation layer) then draws
+    on every engine what one model would draw once, so the engines compute the same values; a split layer's
+    generators are offset by the rank (its slice's randomness is its own, as Megatron-LM's model-parallel RNG)."""
+    import numpy as np
+
+    k = 0
+    for top in parallel.layers:
+        split = top.name.startswith(SPLIT_PREFIX)
+        for layer in top._flatten_layers(include_self=True, recursive=True):
+            for generator in layer._seed_generators:
+                value = (seed * 1000003 + k * 7919 + (rank * 104729 if split else 0)) % 2 ** 31
+                generator.state.assign(np.array([value, 0]).astype(generator.state.dtype))
+                k += 1
 
 
 def weight_axes(plan: list[dict], model) -> list[int | None]:
