@@ -101,6 +101,26 @@ def test_a_layer_called_twice_falls_whole_in_one_stage():
     assert chain_of(twice).cuttable == []  # every cut would split the shared layer's calls
 
 
+def test_no_cut_right_after_a_nested_model_of_several_outputs():
+    """A backbone (a functional model nested in the classifier, as KerasHub's are) whose output is a dict: a cut
+    right after it would be crossed by each of its tensors; it is not offered, with the reason, and the layers
+    before and after stay cuttable."""
+    import keras
+    from keras import layers
+
+    inner = keras.Input((8,))
+    backbone = keras.Model(inner, {"pooled": layers.Dense(4, name="pool")(inner),
+                                   "sequence": layers.Dense(6, name="seq")(inner)}, name="backbone")
+    inputs = keras.Input((8,))
+    features = layers.Dense(8, name="embed")(inputs)
+    outputs = backbone(features)
+    merged = layers.Concatenate(name="merge")([outputs["pooled"], outputs["sequence"]])
+    classifier = keras.Model(inputs, layers.Dense(2, name="head")(layers.Dense(5, name="hidden")(merged)))
+    chain = chain_of(classifier)
+    assert "several tensors" in chain.blocked["backbone"]
+    assert chain.cuttable == ["embed", "merge", "hidden"]
+
+
 def test_a_subclassed_model_is_refused_with_what_to_do():
     import keras
 

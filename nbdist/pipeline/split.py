@@ -72,6 +72,9 @@ def _why_not_a_cut(op, i, order, nodes, producer, position, outputs, counts) -> 
     """Why a cut after `order[i]` is crossed by a tensor other than its output, or by data flowing back (a layer
     called twice, once on each side), or sits after a layer called twice (None: it is a cut). A layer called
     more than once stands in the chain once, at its first call: its calls all fall in one stage."""
+    if any(node.operation is op and len(node.output_tensors) > 1 for node in nodes):
+        return (f"the output of {op.name!r} is several tensors (a nested model's dict or list of outputs, say); a "
+                "pipeline cut may be crossed by one tensor only")
     for node in nodes:
         if node.is_input:
             continue
@@ -170,7 +173,14 @@ def stage_part(chain: Chain, cut_at: list[int], stage: int):
     model = chain.model
     inputs = model.input if stage == 0 else _output_of(layers[0], chain, before=True)
     outputs = model.output if stage == len(cut_at) else layers[-1].output
-    return keras.Model(inputs, outputs, name=f"pipeline_part_{stage}")
+    try:
+        return keras.Model(inputs, outputs, name=f"pipeline_part_{stage}")
+    except ValueError as exc:  # a graph Keras cannot cut there: say which cut, and what to do, not Keras' words
+        cuts = [chain.names[p] for p in cut_at]
+        raise OptionError(f"--strategy pipeline cannot make stage {stage} of the cut after {', '.join(cuts)}: Keras "
+                          f"says {str(exc).splitlines()[0][:200]}. Choose other cuts with --split (layers it can be "
+                          f"cut after: {', '.join(chain.cuttable)}), or train the model with a data-parallel "
+                          "strategy.") from None
 
 
 def _output_of(first_layer, chain: Chain, before: bool):
