@@ -81,6 +81,16 @@ def fill(variable, value=None) -> None:
     variable._initializer = None
 
 
+def finalize_states(model) -> None:
+    """Once `model`'s weights hold their values (`fill`), let each of its layers recompute what it derives from them:
+    an adapted `Normalization` keeps its mean and variance as tensors computed from its weights, not read through
+    them, so a weight assigned later is not seen until then (Keras' own weight loading does the same)."""
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        finalize = getattr(layer, "finalize_state", None)
+        if finalize is not None and layer.built and not any_empty(layer.weights):
+            finalize()
+
+
 def empty(variable) -> None:
     """Drop the variable's value (its memory freed). It keeps an initialiser (zeros where it had none left), as
     Keras' tracing of a layer reads one from a variable without a value."""

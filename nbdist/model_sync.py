@@ -212,7 +212,7 @@ def install(name: str, state: ModelState, functions: bytes | None = None) -> Non
     notebook's own functions its compile configuration names (`functions_blob`)."""
     import keras
 
-    from .empty_weights import fill
+    from .empty_weights import fill, finalize_states
     from .namespace import user_namespace
 
     model = user_namespace()[name]
@@ -220,6 +220,8 @@ def install(name: str, state: ModelState, functions: bytes | None = None) -> Non
         layer.trainable = trainable
     for variable, value in zip(model.weights, state.weights or []):
         fill(variable, value)  # (model.set_weights, for weights made empty too)
+    if state.weights:
+        finalize_states(model)  # (an adapted Normalization's statistics follow its weights)
     if state.compile and (not model.compiled or compile_text(model.get_compile_config()) != state.compile_text):
         with keras.saving.custom_object_scope(_notebook_objects(user_namespace(), functions)):
             compile_as(model, state.compile)

@@ -13,7 +13,7 @@ import contextlib
 import numpy as np
 
 from .. import gpus
-from ..empty_weights import fill, materialized, weights_without_values
+from ..empty_weights import fill, finalize_states, materialized, weights_without_values
 from ..errors import OptionError
 from ..keras_bridge import FitResult, build_from_sample
 from ..model_parts import (load_slots, notebook_name, optimizer_prefix, refuse_second_fit, release, slot_indices,
@@ -281,6 +281,7 @@ def fill_own_part(model, stage, layout, desk) -> None:
         weights, slots = kept_weights.take(name, int(desk.kept["run"]), layout)
     for variable, value in zip(layout["variables"], weights or [None] * len(layout["variables"])):
         fill(variable, value)
+    finalize_states(stage.part)  # (an adapted Normalization's statistics)
     load_slots(stage.optimizer, stage.trainable_variables, slots)
 
 

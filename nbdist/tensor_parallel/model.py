@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import optimizer_state
-from ..empty_weights import fill, weights_without_values
+from ..empty_weights import fill, finalize_states, weights_without_values
 from ..errors import OptionError
 from ..model_parts import join
 from ..model_sync import compile_like
@@ -50,6 +50,7 @@ def parallel_model(model, plan: list[dict], rank: int, size: int, values: list):
     for i, twin in enumerate(twins(model, parallel)):
         fill(twin, values[i])
         values[i] = None
+    finalize_states(parallel)  # (an adapted Normalization's statistics)
     try:
         compile_like(parallel, model)  # (its optimizer built later, with the notebook's slots)
     except Exception as exc:  # a loss or metric defined in the notebook without registration, say
