@@ -1,8 +1,8 @@
 """`fit`'s data as Keras takes it: an array, or a nest of lists, tuples and dicts of arrays (`x=[left, right]`,
 `y={"priority": ..., "department": ...}`, a dict holding a list), for `x`, `y` and `sample_weight` alike.
 
-Every path of nbdist that cuts, counts, places or signs training data goes through here, so a structure is
-flattened once and packed back as the cell gave it. The order of the leaves is Keras' (`keras.tree`): a
+Every path of nbdist that cuts, counts, places or signs training data goes through here: a structure is cut leaf
+by leaf and keeps the shape the cell gave it. The order of the leaves is Keras' (`keras.tree`): a
 dict's values by sorted key, a list's or tuple's in order. Pure Python and numpy: no framework is imported.
 """
 
@@ -11,11 +11,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .errors import OptionError
-
-
-def is_nest(value) -> bool:
-    """A list, tuple or dict (of arrays or further nests); anything else (an array, a DataFrame) is one leaf."""
-    return isinstance(value, (list, tuple, dict))
 
 
 def flatten(data) -> list:
@@ -41,21 +36,6 @@ def map_leaves(fn: Callable[[Any], Any], data):
     if isinstance(data, (list, tuple)):
         return type(data)(map_leaves(fn, item) for item in data)
     return fn(data)
-
-
-def pack_as(structure, leaves: list):
-    """`leaves` (in `flatten`'s order) placed in the nest of `structure`."""
-    return _pack_in_order(structure, iter(leaves))
-
-
-def _pack_in_order(structure, iterator):
-    if isinstance(structure, dict):
-        packed = {key: _pack_in_order(structure[key], iterator) for key in sorted(structure)}
-        return {key: packed[key] for key in structure}
-    if isinstance(structure, (list, tuple)):
-        items = [_pack_in_order(item, iterator) for item in structure]
-        return type(structure)(*items) if hasattr(structure, "_fields") else type(structure)(items)
-    return next(iterator)
 
 
 def length(data, what: str = "x") -> int:
