@@ -35,8 +35,8 @@ class VirtualWorkersWorker(Worker):
 
         emulate = self.values["emulate"]
         if not all(isinstance(a, np.ndarray) for a in structures.flatten(request.x)):
-            raise OptionError("the planner's accuracy past the cluster needs the cell to fit numpy arrays (one, or "
-                              "a list or dict of them), not a tf.data pipeline, a PyDataset or a generator")
+            raise OptionError("the planner's accuracy past the cluster needs the cell to fit one numpy array of inputs "
+                              "or a list or dict of them (not a tf.data pipeline, a PyDataset or a generator)")
         validation = _validation(request)  # a validation_split's samples leave the training arrays
         x, y, model = request.x, request.y, request.model
         build_for_training(model, x)
