@@ -299,7 +299,17 @@ def _init_shards(client, model, spec, plan, names, step: dict | None = None, fit
     per_shard = [{n: trainable[n] for n in shard} | {k: a for k, a in slots.items() if k.rsplit(":", 1)[0] in shard}
                  | (frozen if i == 0 else {}) for i, shard in enumerate(plan)]
     client.request("init", per_shard, optimizer=asdict(spec), trainable=names, layout=named["layout"],
-                   iterations=iterations, step=step, fit=fit, model=f"{id(model):x}")
+                   iterations=iterations, step=step, fit=fit, model=model_token(model))
+
+
+def model_token(model) -> str:
+    """Which model this is, for the shards (a later fit of another model replaces their table): a mark kept on the
+    model itself, as an object id may be reused once the last model is gone."""
+    import uuid
+
+    if getattr(model, "_nbdist_ps_token", None) is None:
+        model._nbdist_ps_token = uuid.uuid4().hex
+    return model._nbdist_ps_token
 
 
 def _take_statistics(client, model) -> None:
