@@ -118,9 +118,15 @@ class PushPull:
         self.flight_s += time.perf_counter() - started
         return weights, list(self.versions)
 
-    def pull(self, **fields) -> list[np.ndarray]:
-        """The current weights (the start of a fit); `fields`: the pull's header (`fit`: which fit of this worker)."""
-        replies = self.client.request("pull", None, self._flat_fields(), **fields)
+    def pull(self, layouts: list[str] | None = None, **fields) -> list[np.ndarray]:
+        """The current weights (the start of a fit); `fields`: the pull's header (`fit`: which fit of this worker);
+        `layouts`: each shard's part of this worker's model (`flat_layout.layout_digest`), which the shard answers
+        only once it holds that (a later fit of another model: once rank 0's init replaced the last model's)."""
+        per_shard = self._flat_fields()
+        if layouts is not None:
+            per_shard = [{**(mine or {}), "layout": layout} for mine, layout in zip(per_shard or [None] * len(layouts),
+                                                                                    layouts)]
+        replies = self.client.request("pull", None, per_shard, **fields)
         self.pulled = replies[0].header
         return self._weights(replies)
 

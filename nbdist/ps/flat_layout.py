@@ -92,3 +92,11 @@ class FlatLayout:
                     view[...] = value
                 state[name][slot] = view
         return state
+
+
+def layout_digest(shapes: dict) -> str:
+    """A short digest of variables' names and shapes: what a shard holds, or a worker's part of it."""
+    import hashlib
+
+    text = "|".join(f"{name}:{tuple(int(d) for d in shape)}" for name, shape in sorted(shapes.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

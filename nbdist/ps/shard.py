@@ -22,7 +22,7 @@ from . import rules, wire
 from .compression import decode_push
 from .dealer import Dealer
 from .extension import load_extension
-from .flat_layout import FlatLayout, is_flat
+from .flat_layout import FlatLayout, is_flat, layout_digest
 from .handlers import HANDLERS, HELD_KINDS
 from .push_log import LOG_FIELDS, WINDOW, PushLog
 from .release import SynchronousRounds
@@ -203,7 +203,8 @@ class Shard:
             return None
         if kind == "pull":
             step = {"step": self.step_cost} if self.step_cost else {}
-            ready = self.initialised and (message.header.get("fit") or 0) <= self.fit_ready  # this fit's init came
+            ready = (self.initialised and (message.header.get("fit") or 0) <= self.fit_ready  # this fit's init came
+                     and message.header.get("layout") in (None, self.held_layout()))  # ... and holds this model
             return [self.weights_reply(ident, worker, stop=False, **step)] if ready else None
         if kind == "done":  # the end-of-fit barrier: answered once no live worker is still training
             return self._end_of_fit(ident, worker)
@@ -311,6 +312,10 @@ class Shard:
         arrays = dict(self.flat) if self.workers[worker].flat else dict(self.variables)
         self.shared.hold(arrays.values())
         return arrays
+
+    def held_layout(self) -> str:
+        """The digest of the names and shapes of the variables this shard holds (`flat_layout.layout_digest`)."""
+        return layout_digest({name: value.shape for name, value in self.variables.items()})
 
     def weights_reply(self, ident: bytes, worker: int, stop: bool | None = None, **fields) -> tuple:
         """The current weights for `worker` (what it computes on next), with the shard's version."""

@@ -32,6 +32,7 @@ from ..limits import LIMITS
 from ..ps import checkpoint, delay, rules
 from ..ps.client import PsClient, merged
 from ..ps.exchange import PushPull
+from ..ps.flat_layout import layout_digest
 from ..ps.partition import partition
 from ..ps.service import PsService
 from ..sharding import shard_fit_data
@@ -86,7 +87,9 @@ class PsWorker(Worker):
                     timed = {"x": self.arrays[0], "y": self.arrays[1]} if self.dealt is not None else data
                     _init_shards(client, model, spec, plan, names, self._step_cost(model, timed, request),
                                  fit=self.fits_begun)
-                assign(variables, exchange.pull(fit=self.fits_begun))
+                shapes = dict(zip(names, (tuple(v.shape) for v in variables)))
+                layouts = [layout_digest({n: shapes[n] for n in shard}) for shard in plan]
+                assign(variables, exchange.pull(layouts, fit=self.fits_begun))
                 self._tune(exchange, request, spec)
                 with apply_gradients_restored(model):
                     own = self.connect(exchange, model, variables)
