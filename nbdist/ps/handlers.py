@@ -24,6 +24,8 @@ def _heartbeat(shard, ident, worker, message):
 
 
 def _init(shard, ident, worker, message):
+    if shard.replacing_too_soon(worker, message):  # another model's fit: once every worker ended the last one
+        return shard.hold(ident, message)
     return [(ident, *shard.init(message)), *shard.release()]
 
 
@@ -54,6 +56,7 @@ def _pull(shard, ident, worker, message):
         if shard.dealer is not None:
             shard.dealer.new_fit()
     shard.workers[worker].done = False
+    shard.workers[worker].pulled = True
     shard.finalized = False
     if shard.finishing_reason == "laggards":
         shard.finishing, shard.finishing_reason = False, ""

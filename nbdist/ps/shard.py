@@ -206,6 +206,8 @@ class Shard:
             ready = (self.initialised and (message.header.get("fit") or 0) <= self.fit_ready  # this fit's init came
                      and message.header.get("layout") in (None, self.held_layout()))  # ... and holds this model
             return [self.weights_reply(ident, worker, stop=False, **step)] if ready else None
+        if kind == "init":  # another model's, held until every worker has begun this fit
+            return None if self.replacing_too_soon(worker, message) else [(ident, *self.init(message))]
         if kind == "done":  # the end-of-fit barrier: answered once no live worker is still training
             return self._end_of_fit(ident, worker)
         if kind == "epoch":
@@ -219,6 +221,14 @@ class Shard:
         fields = self._extension_call(self.extension.ready, worker, message)
         return None if fields is None else [(ident, "ok", None, fields)]
 
+    def replacing_too_soon(self, sender: int, message: wire.Message) -> bool:
+        """Whether an init of another model (a later fit of the cell) must wait: a worker that has not begun this
+        fit may still read the last model's final state (its optimizer slots, its statistics) from this shard."""
+        model = message.header.get("model")
+        if not self.initialised or model is None or self.model in (None, model):
+            return False
+        return any(not w.pulled for k, w in self.workers.items() if k != sender and w.alive and not w.evicted)
+
     def _end_of_fit(self, ident, worker):
         if self.live():
             return None
@@ -227,6 +237,8 @@ class Shard:
             self.updater.finalize(self.variables)
         if not self.finalized:
             self.fits_ended += 1
+            for state in self.workers.values():  # each begins the next fit with its pull
+                state.pulled = False
         self.finalized = True
         clock = {"vt": getattr(self.policy, "times").now} if self.clock == "virtual" else {}
         return [self.weights_reply(ident, worker, stop=False, **clock)]

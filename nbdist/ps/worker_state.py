@@ -15,3 +15,4 @@ class WorkerState:
     died_at: float | None = None
     first_epoch: int = 0  # a newcomer's first epoch: the epoch barriers before it do not wait for it
     flat: bool = False  # its weights requests ask for flat buffers (`FlatLayout`), not a buffer per variable
+    pulled: bool = False  # it began the run's current fit (pulled since the last fit ended)
