@@ -266,15 +266,6 @@ def compile_as(model, config: dict) -> None:
     model.compile(**keras.saving.deserialize_keras_object(config))
 
 
-def compile_like(target, model) -> None:
-    """Compile `target` as `model` is compiled, the notebook's own losses and metrics it names included (closures
-    too: they are looked up among `model`'s own, `own_functions`)."""
-    import keras
-
-    with keras.saving.custom_object_scope(own_functions(model)):
-        compile_as(target, model.get_compile_config())
-
-
 def receive(name: str, blob: bytes, functions: bytes | None = None) -> None:
     """Engine side: the whole model, as Keras pickles it (its own saving format inside); `functions`: the
     notebook's own functions it names (`functions_blob`)."""

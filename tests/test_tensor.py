@@ -98,6 +98,64 @@ def test_a_functional_transformer_splits_attention_by_heads_and_equals_local_aft
             assert shapes[names.index(name)] == half, (name, shapes[names.index(name)])
 
 
+AS_WRITTEN = '''
+class Tower(keras.Model):  # subclassed: its layers are attributes, its call is not a graph
+    def __init__(self):
+        super().__init__()
+        self.up = keras.layers.Dense(128, activation="relu", name="up")
+        self.attend = keras.layers.MultiHeadAttention(4, 8, name="attend")
+        self.down = keras.layers.Dense(128, activation="relu", name="down")
+        self.out = keras.layers.Dense(10, activation="softmax", name="out")
+
+    def call(self, x):
+        h = self.up(x)
+        tokens = keras.ops.reshape(h, (-1, 4, 32))
+        h = h + keras.ops.reshape(self.attend(tokens, tokens), (-1, 128))
+        return self.out(self.down(h) + h)
+
+def backboned():  # a functional backbone nested in the classifier, as KerasHub's models hold theirs
+    inputs = keras.Input((64,))
+    h = keras.layers.Dense(128, activation="relu", name="b1")(inputs)
+    backbone = keras.Model(inputs, keras.layers.Dense(128, name="b2")(h), name="backbone")
+    outer = keras.Input((64,))
+    return keras.Model(outer, keras.layers.Dense(10, activation="softmax", name="head")(backbone(outer)))
+
+def focal(gamma):  # the cell's own loss: a closure, unregistered
+    def loss(y_true, y_pred):
+        p = keras.ops.take_along_axis(y_pred, keras.ops.cast(keras.ops.reshape(y_true, (-1, 1)), "int32"), 1)
+        return -keras.ops.mean((1 - p) ** gamma * keras.ops.log(p + 1e-7))
+    return loss
+'''
+
+AS_WRITTEN_CELL = '''
+model = {build}()
+model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss=focal(2.0), metrics=["accuracy"])
+history = model.fit(tx, ty, batch_size=32, epochs=1, steps_per_epoch=20, shuffle=False)
+'''
+
+
+@pytest.mark.parametrize("build, split", [
+    ("Tower", {"up": "column", "attend": "heads", "down": "column", "out": "replicated"}),
+    ("backboned", {"backbone/b1": "column", "backbone/b2": "row", "head": "replicated"}),
+])
+def test_subclassed_and_nested_models_split_where_their_layers_sit_and_equal_local_with_the_cells_own_loss(
+        kernel, cluster, build, split):
+    engines = idle_engines(cluster, 2)
+    kernel.run("%%distribute define --name as_written\n" + AS_WRITTEN, timeout=120).check()
+    cell = AS_WRITTEN_CELL.format(build=build)
+    kernel.run(f"%%distribute --strategy local --seed 4 --targets {engines[0]}\n" + cell, timeout=180).check()
+    kernel.run("local_weights = [np.asarray(w) for w in model.get_weights()]; "
+               "local_slots = [np.asarray(v) for v in model.optimizer.variables]; "
+               "local_loss = history.history['loss']").check()
+    kernel.run(f"%%distribute --strategy tensor --seed 4 --targets {','.join(map(str, engines))}\n" + cell,
+               timeout=240).check()
+    assert kernel.value("{e['name']: e['kind'] for e in nbdist.last_run.plan['layers'] "
+                        "if e['class'] != 'InputLayer'}") == split
+    assert kernel.value(DIFF.format(what="weights", expr="model.get_weights()")) <= 1e-5
+    assert kernel.value(DIFF.format(what="slots", expr="model.optimizer.variables")) <= 1e-5
+    assert kernel.value("abs(history.history['loss'][0] - local_loss[0])") <= 1e-5
+
+
 PROBE = '''
 import builtins
 import tensorflow as tf

@@ -82,17 +82,66 @@ def test_an_einsum_dense_without_an_output_axis_of_its_own_or_of_odd_width_is_re
     assert plan[2]["kind"] == "replicated" and "(255) is not a multiple of 2" in plan[2]["reason"]
 
 
-def test_named_layers_are_split_and_unknown_names_or_subclassed_models_are_refused():
+def test_named_layers_are_split_and_unknown_names_are_refused():
     assert kinds(plan_splits(mlp(), 2, "head,big_2")) == {"big_1": "replicated", "big_2": "column", "head": "row"}
     with pytest.raises(OptionError, match="--split-layers names nope"):
         plan_splits(mlp(), 2, "nope")
 
-    class Subclassed(keras.Model):
-        def call(self, x):
-            return x
 
-    with pytest.raises(OptionError, match="subclassed: no graph of layers to follow"):
-        plan_splits(Subclassed(), 2)
+class Tower(keras.Model):  # subclassed: its layers are attributes, its call is not a graph
+    def __init__(self):
+        super().__init__()
+        self.up = keras.layers.Dense(128, activation="relu", name="up")
+        self.down = keras.layers.Dense(128, activation="relu", name="down")
+        self.out = keras.layers.Dense(10, name="out")
+
+    def call(self, x):
+        return self.out(self.down(self.up(x)))
+
+
+def test_a_subclassed_model_is_planned_where_its_layers_sit_and_each_split_layer_gathers_its_own_output():
+    model = Tower()
+    model(keras.ops.zeros((1, 64)))  # (built by a call, as fit builds it)
+    plan = plan_splits(model, 2)
+    assert kinds(plan) == {"up": "column", "down": "column", "out": "replicated"}
+    assert all(entry["gathers"] for entry in plan[:2])  # (no graph shows that `down` takes `up`'s output alone)
+
+
+def test_a_nested_backbone_is_entered_its_layers_named_by_their_path_and_paired_inside_its_graph():
+    inputs = keras.Input((64,))
+    backbone = keras.Model(inputs, keras.layers.Dense(128, name="b2", activation="relu")(
+        keras.layers.Dense(128, activation="relu", name="b1")(inputs)), name="backbone")
+    outer_in = keras.Input((64,))
+    model = keras.Model(outer_in, keras.layers.Dense(10, name="head")(backbone(outer_in)))
+    plan = plan_splits(model, 2, "b1,backbone/b2")
+    assert {e["name"]: e["kind"] for e in plan if e["class"] != "InputLayer"} == {
+        "backbone/b1": "column", "backbone/b2": "row", "head": "replicated"}
+
+
+def test_a_library_subclass_with_its_own_call_or_tied_weights_is_replicated_with_the_reason():
+    class Scaled(keras.layers.Dense):  # a library's layer computing something else than Dense's call
+        def call(self, x):
+            return super().call(x) * 2.0
+
+    class Tied(keras.layers.Layer):  # one embedding matrix read by two layers' weights
+        def __init__(self):
+            super().__init__()
+            self.embed = keras.layers.Embedding(100, 64, name="embed")
+            self.again = keras.layers.Embedding(100, 64, name="again")
+
+        def build(self, shape):
+            self.embed.build(shape)
+            self.again.build(shape)
+            self.again._trainable_variables[:] = list(self.embed._trainable_variables)
+
+        def call(self, ids):
+            return self.embed(ids) + self.again(ids)
+
+    model = keras.Sequential([keras.Input((8,), dtype="int32"), Tied(), keras.layers.Flatten(),
+                              Scaled(64, name="scaled")])
+    by_name = {e["name"]: e for e in plan_splits(model, 2)}
+    assert "computes its own call" in by_name["scaled"]["reason"]
+    assert "tied" in by_name["tied/embed"]["reason"] and "tied" in by_name["tied/again"]["reason"]
 
 
 exec(TRANSFORMER)  # defines transformer(heads, dropout), the model tests/test_tensor.py trains on engines
@@ -121,8 +170,8 @@ def test_a_functional_dense_whose_output_another_layer_also_takes_is_not_paired(
     assert (split["first"], split["second"], split["both"]) == ("column", "column", "replicated")
 
 
-def test_attention_with_dropout_or_heads_that_do_not_divide_is_replicated_with_the_reason():
+def test_attention_with_dropout_splits_by_heads_and_heads_that_do_not_divide_are_replicated_with_the_reason():
     dropped = {e["name"]: e for e in plan_splits(transformer(dropout=0.1), 2)}["mha_0"]
-    assert dropped["kind"] == "replicated" and "one mask over all heads" in dropped["reason"]
+    assert dropped["kind"] == "heads"  # (each engine draws its heads' masks: its slice's randomness is its own)
     odd = {e["name"]: e for e in plan_splits(transformer(heads=3), 2)}["mha_0"]
     assert odd["kind"] == "replicated" and "num_heads (3) is not a multiple of 2" in odd["reason"]

@@ -1,13 +1,13 @@
-"""`tensor`: model parallelism within layers; the large layers of a Sequential or functional model split across
-engines.
+"""`tensor`: model parallelism within layers; the large layers of any model (Sequential, functional, subclassed,
+nested) split across engines where they sit.
 
-Every engine takes the same batches. Large `Dense` layers are split by output units (and, in a
-Sequential model, the `Dense` right after one by input units, Megatron-LM's pair),
+Every engine takes the same batches. Large `Dense` layers are split by output units (and, where the graph shows
+it, the `Dense` right after one by input units, Megatron-LM's pair),
 `MultiHeadAttention` by heads, `Embedding` by output dimension, `Conv2D` by filters, `EinsumDense`
 by an output axis (`nbdist.tensor_parallel.plan`); Horovod's allgather and allreduce over Gloo
 join the slices (`nbdist.tensor_parallel.layers`). Each engine fetches its slices of the notebook's
-model from the kernel, Keras' own `fit` runs on every engine on its share of the model, compiled as
-the cell compiled its own, and each hands its trained slices back to the kernel, which joins them
+model from the kernel, Keras' own `fit` runs on every engine on its share of the model (the engine's copy of
+the cell's model, split in place: its compile and the cell's own functions stay), and each hands its trained slices back to the kernel, which joins them
 (`nbdist.model_parts`, `nbdist.tensor_parallel.model`): no engine holds the whole model. The
 Horovod job is `hfdt`'s (its rendezvous, one rank per engine), not elastic: a dead engine fails
 the run naming it. See DESIGN.md section 9 and docs/strategies/tensor.md.
@@ -25,8 +25,8 @@ from ..model_parts import (DeskClient, PartsDesk, cut, load_slots, notebook_name
                            release, slots_per_variable, taken)
 from ..ps import wire
 from ..sharded_checkpoint import refuse_unservable_savers, with_checkpoints, write_gathered
-from ..tensor_parallel.model import (draw_alike, engine_bytes, parallel_model, trainable_axes, twins, weight_axes,
-                                     whole)
+from ..tensor_parallel.model import (as_written, draw_alike, engine_bytes, split_in_place, trainable_axes,
+                                     weight_axes, whole)
 from ..tensor_parallel.plan import plan_splits
 from . import horovod_ops as ops
 from .base import Option, Reports
@@ -60,26 +60,25 @@ class TensorWorker(HfdtWorker):
             axes = weight_axes(plan, model)
             values, slots, from_notebook = self._own_values(hvd, desk, model, axes)
             release(model)  # (this engine's copy: the slices above are all it trains with)
-            parallel = parallel_model(model, plan, hvd.rank(), hvd.size(), values)
+            split_in_place(model, plan, hvd.rank(), hvd.size(), values)
             del values
-            trainable = twins_of_trainable(model, parallel)
-            load_slots(parallel.optimizer, trainable, slots)
-            parallel.save_weights = parallel.save = checkpoint_writer(hvd, model, parallel, axes)
+            load_slots(model.optimizer, model.trainable_variables, slots)
+            model.save_weights = model.save = checkpoint_writer(hvd, model, axes)
             seed = self.spec.get("seed")
             if seed is None:  # every engine must draw the same batches (and Dropout masks)
                 import keras
 
                 seed = hvd.broadcast_object(random.randrange(2 ** 31), root_rank=0, name="nbdist_tp_seed")
                 keras.utils.set_random_seed(seed)
-            draw_alike(parallel, int(seed), hvd.rank())
+            draw_alike(model, int(seed), hvd.rank())
             callbacks = [*with_checkpoints(request.callbacks, self.user_callbacks(request)),
                          self.make_reporter(request.samples_per_step or 32)]
-            history = request.original_fit(parallel, **{**request.args, "callbacks": callbacks, "verbose": 0})
-            self.fit_timings["tensor"] = {"plan": plan, "engine_bytes": engine_bytes(parallel), "rank": hvd.rank(),
+            history = request.original_fit(model, **{**request.args, "callbacks": callbacks, "verbose": 0})
+            self.fit_timings["tensor"] = {"plan": plan, "engine_bytes": engine_bytes(model), "rank": hvd.rank(),
                                           "from_notebook": from_notebook,
                                           "shapes": [[list(w.shape) for w in layer.weights]
-                                                     for layer in parallel.layers]}
-            self._hand_in(desk, hvd.rank(), model, parallel, axes)
+                                                     for layer in model.layers]}
+            self._hand_in(desk, hvd.rank(), model, axes)
             return history
         finally:
             hvd.shutdown()
@@ -104,19 +103,19 @@ class TensorWorker(HfdtWorker):
         ops.broadcast_from_rank0(hvd, list(model.weights))
         return [cut(np.asarray(w), axis, hvd.rank(), hvd.size()) for w, axis in zip(model.get_weights(), axes)], None, False
 
-    def _hand_in(self, desk, rank: int, model, parallel, axes) -> None:
+    def _hand_in(self, desk, rank: int, model, axes) -> None:
         """The trained slices to the kernel, each variable's memory freed as it goes; a replicated variable is
         rank 0's alone."""
         def mine(variable, axis):
             return taken(variable) if axis is not None or rank == 0 else np.empty(0, np.float32)
 
         slot_axes = trainable_axes(model, axes)
-        optimizer = parallel.optimizer.variables
-        prefix = optimizer_prefix(parallel.optimizer)
+        optimizer = model.optimizer.variables
+        prefix = optimizer_prefix(model.optimizer)
         per = slots_per_variable(len(optimizer), prefix, len(slot_axes))
         slots = [mine(v, slot_axes[k // per]) for k, v in enumerate(optimizer[prefix:])]
         self.fits += 1
-        desk.send_part(self.fits, [mine(v, axis) for v, axis in zip(twins(model, parallel), axes)],
+        desk.send_part(self.fits, [mine(v, axis) for v, axis in zip(model.weights, axes)],
                        [np.asarray(v.numpy()) for v in optimizer[:prefix]] + slots, axes=axes, slot_axes=slot_axes,
                        prefix=prefix)
         self.fit_timings["tensor"]["fit"] = self.fits
@@ -128,11 +127,11 @@ class TensorWorker(HfdtWorker):
         return result
 
 
-def checkpoint_writer(hvd, model, parallel, axes):
+def checkpoint_writer(hvd, model, axes):
     """What a ModelCheckpoint's save runs on every rank (its `save` to a .keras path, its `save_weights` to a
     .weights.h5 one): the whole model's weights and optimizer variables gathered one at a time (a collective, in
     the same order on every rank), written by rank 0."""
-    twin_of = dict(zip(map(id, model.weights), zip(twins(model, parallel), axes)))
+    axis_of = dict(zip(map(id, model.weights), axes))
     slot_axes = trainable_axes(model, axes)
     calls = [0]
 
@@ -145,21 +144,15 @@ def checkpoint_writer(hvd, model, parallel, axes):
         return np.moveaxis(hvd.allgather(moved, name=f"nbdist_checkpoint_{calls[0]}").numpy(), 0, axis)
 
     def save(filepath, overwrite=True, **kwargs):
-        optimizer = list(parallel.optimizer.variables)
-        prefix = optimizer_prefix(parallel.optimizer)
+        optimizer = list(model.optimizer.variables)
+        prefix = optimizer_prefix(model.optimizer)
         per = slots_per_variable(len(optimizer), prefix, len(slot_axes))
         slots = {n: (lambda v=v, a=(slot_axes[(n - prefix) // per] if n >= prefix else None): gathered(v, a))
                  for n, v in enumerate(optimizer)}
-        write_gathered(model, filepath, lambda v: gathered(*twin_of[id(v)]), slots, writer=hvd.rank() == 0)
+        with as_written(model):  # (the archive names each layer's own class)
+            write_gathered(model, filepath, lambda v: gathered(v, axis_of[id(v)]), slots, writer=hvd.rank() == 0)
 
     return save
-
-
-def twins_of_trainable(model, parallel) -> list:
-    """The parallel model's variables in the order of the cell's model's trainable variables (the order of the
-    optimizer's slots the kernel serves and joins)."""
-    trainable = {id(v) for v in model.trainable_variables}
-    return [t for v, t in zip(model.weights, twins(model, parallel)) if id(v) in trainable]
 
 
 class TensorStrategy(HfdtStrategy):

@@ -1,87 +1,130 @@
-"""The engine's share of a tensor-parallel model, built from the cell's, and the whole model back in the kernel.
+"""The engine's share of a tensor-parallel model, made from the cell's model in place, and the whole model back in
+the kernel.
 
-`parallel_model` clones the cell's model (Sequential or functional: the clone follows its graph) with each split
-layer replaced by its split class (`layers.SPLIT_LAYERS`) holding this engine's slice of the weights (`values`:
-fetched from the kernel, see `nbdist.model_parts`, so the cell's model itself may have no values here), and
-compiles it as the cell compiled its own. `whole` joins every engine's slices of the weights and of the
-optimizer's slots, in the kernel, into what a local `fit` leaves.
+`split_in_place` turns the engine's copy of the cell's model (any model: Sequential, functional, subclassed,
+nested) into this engine's share: each split layer, where it sits, computes on this engine's slices of its
+variables (`layers.split_class`), given their values (fetched from the kernel, see `nbdist.model_parts`, so the
+model here may have had no values); its compile, with the cell's own functions, is the cell's. `whole` joins
+every engine's slices of the weights and of the optimizer's slots, in the kernel, into what a local `fit` leaves.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from .. import optimizer_state
-from ..empty_weights import fill, finalize_states, weights_without_values
-from ..errors import OptionError
+from ..empty_weights import fill, finalize_states
 from ..model_parts import join
-from ..model_sync import compile_like
-from .plan import split_axes
+from .plan import einsum_split, leaf_layers, split_axes
 
 
-SPLIT_PREFIX = "nbdist_tp_"  # the names of the split layers in an engine's model
+TAG_PREFIX = "nbdist_tp_"  # the names of the split layers' collectives
 
 
-def parallel_model(model, plan: list[dict], rank: int, size: int, values: list):
-    """This engine's model: the cell's layers, split ones replaced by their slices, given `values` (this engine's
-    slice of each of `model.weights`, or the whole of a replicated one); compiled like the cell's."""
+def split_in_place(model, plan: list[dict], rank: int, size: int, values: list) -> None:
+    """Make `model` this engine's share, where each layer sits: every split layer computes on this engine's slices
+    (`layers.split_class`), its variables replaced by slices holding `values` (this engine's slice of each of
+    `model.weights`, in their order, which stays); every other variable takes its whole value. The model keeps
+    its graph or `call`, its compile (the cell's own losses and metrics) and its optimizer, not yet built."""
+    from .layers import split_class  # defines Keras layers: imported here, so nbdist never imports TensorFlow early
+
+    axes = weight_axes(plan, model)
+    replacement = {}
+    for i, (variable, axis) in enumerate(zip(model.weights, axes)):
+        if axis is None:
+            fill(variable, values[i])
+        else:
+            replacement[id(variable)] = _variable_like(variable, values[i])
+        values[i] = None
+    for owner in model._flatten_layers(include_self=True, recursive=True):
+        _replace_variables(owner, replacement)
+    for i, ((_, layer, _), entry) in enumerate(zip(leaf_layers(model), plan)):
+        kind = entry["kind"]
+        if kind == "replicated":
+            continue
+        tag = f"{TAG_PREFIX}{i}"
+        _mark(layer, {"kind": kind, "tag": tag, "size": size, "gathers": entry["gathers"]})
+        if kind == "heads":
+            for name, sub in (("query", "head_projection"), ("key", "head_projection"),
+                              ("value", "head_projection"), ("output", "summed_projection")):
+                part = getattr(layer, f"_{name}_dense")
+                _mark(part, {"kind": sub, "tag": f"{tag}_{name}", "size": size})
+                object.__setattr__(part, "__class__", split_class(type(part), sub))
+            continue
+        if kind == "einsum":
+            layer._nbdist_split.update(einsum_split(layer.get_config()))
+        if kind == "row":
+            layer.input_spec = None  # (its input is the previous layer's slice)
+        object.__setattr__(layer, "__class__", split_class(type(layer), kind))
+    finalize_states(model)  # (an adapted Normalization's statistics)
+    model.jit_compile = False  # XLA cannot compile Horovod's ops
+    # a fit on this engine before (another strategy's) left functions traced over, and an optimizer built for,
+    # the whole variables
+    model.train_function = model.test_function = model.predict_function = None
+    if model.optimizer is not None and model.optimizer.built:
+        model.optimizer = model.optimizer.__class__.from_config(model.optimizer.get_config())
+
+
+def _mark(layer, split: dict) -> None:
+    object.__setattr__(layer, "_nbdist_split", split)  # (past Keras' tracking of attributes)
+
+
+def _variable_like(variable, value):
+    """A variable standing for `variable` (its name, dtype, trainability) holding `value`, a slice of it."""
     import keras
 
-    from .layers import SPLIT_LAYERS  # defines Keras layers: imported here, so nbdist never imports TensorFlow early
+    return keras.Variable(initializer=np.asarray(value), dtype=variable.dtype, trainable=variable.trainable,
+                          name=variable.name)
 
-    by_name = {entry["name"]: (i, entry) for i, entry in enumerate(plan)}
 
-    def clone(layer):
-        i, entry = by_name.get(layer.name, (None, {"kind": "replicated"}))  # (a functional model's inputs)
-        if entry["kind"] == "replicated":
-            try:
-                return layer.__class__.from_config(layer.get_config())
-            except Exception:  # noqa: BLE001 - a notebook's layer whose config does not remake it: the layer itself
-                return layer  # (shared with the cell's model: a replicated layer's variables are the same anyway)
-        return SPLIT_LAYERS[entry["kind"]](layer.get_config(), rank, size, f"{SPLIT_PREFIX}{i}", gathers=entry["gathers"])
+def _replace_variables(layer, replacement: dict) -> None:
+    """Swap the variables `layer` holds itself for their replacements (by id), in its lists (keeping their order)
+    and in its attributes (`kernel`, `_kernel`, `bias`, `embeddings`...)."""
+    for listed in ("_trainable_variables", "_non_trainable_variables"):
+        variables = getattr(layer, listed, None)
+        if variables:
+            variables[:] = [replacement.get(id(v), v) for v in variables]
+    for name, value in list(vars(layer).items()):
+        if id(value) in replacement:
+            object.__setattr__(layer, name, replacement[id(value)])
 
-    compiled, model.compiled = model.compiled, False  # (clone_model would compile the clone: compiled below)
+
+@contextlib.contextmanager
+def as_written(model):
+    """Within: every split layer of `model` is of its own class again (for Keras' serialization of its config,
+    which names the class)."""
+    swapped = [(layer, layer.__class__) for layer in model._flatten_layers(include_self=False, recursive=True)
+               if hasattr(type(layer), "_nbdist_original_class")]
+    for layer, cls in swapped:
+        object.__setattr__(layer, "__class__", cls._nbdist_original_class)
     try:
-        with weights_without_values():  # each weight allocated as it takes its value, which `values` then lets go of
-            parallel = keras.models.clone_model(model, clone_function=clone)
-            parallel.build(model.input_shape)
+        yield
     finally:
-        model.compiled = compiled
-    for i, twin in enumerate(twins(model, parallel)):
-        fill(twin, values[i])
-        values[i] = None
-    finalize_states(parallel)  # (an adapted Normalization's statistics)
-    try:
-        compile_like(parallel, model)  # (its optimizer built later, with the notebook's slots)
-    except Exception as exc:  # a loss or metric defined in the notebook without registration, say
-        raise OptionError(f"--strategy tensor compiles each engine's share of the model as the cell compiled its "
-                          f"own and could not ({type(exc).__name__}: {exc}); register the cell's own losses and "
-                          "metrics with keras.saving.register_keras_serializable, or pass Keras' by name.") from None
-    parallel.jit_compile = False  # XLA cannot compile Horovod's ops
-    return parallel
+        for layer, cls in swapped:
+            object.__setattr__(layer, "__class__", cls)
 
 
-def draw_alike(parallel, seed: int, rank: int) -> None:
+def draw_alike(model, seed: int, rank: int) -> None:
     """Restart every random-number generator of this engine's model from `seed` (the same on every engine) and its
     place in the model: a replicated layer (a Dropout on gathered activations, an augmentation layer) then draws
     on every engine what one model would draw once, so the engines compute the same values; a split layer's
     generators are offset by the rank (its slice's randomness is its own, as Megatron-LM's model-parallel RNG)."""
-    import numpy as np
-
+    split = {id(inner) for layer in model._flatten_layers(include_self=False, recursive=True)
+             if hasattr(layer, "_nbdist_split") for inner in layer._flatten_layers(include_self=True, recursive=True)}
     k = 0
-    for top in parallel.layers:
-        split = top.name.startswith(SPLIT_PREFIX)
-        for layer in top._flatten_layers(include_self=True, recursive=True):
-            for generator in layer._seed_generators:
-                value = (seed * 1000003 + k * 7919 + (rank * 104729 if split else 0)) % 2 ** 31
-                generator.state.assign(np.array([value, 0]).astype(generator.state.dtype))
-                k += 1
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        for generator in layer._seed_generators:
+            value = (seed * 1000003 + k * 7919 + (rank * 104729 if id(layer) in split else 0)) % 2 ** 31
+            generator.state.assign(np.array([value, 0]).astype(generator.state.dtype))
+            k += 1
 
 
 def weight_axes(plan: list[dict], model) -> list[int | None]:
     """The split axis of each of `model.weights` (None: replicated), in their order."""
     axis_of = {}
-    for layer, entry in zip(model.layers, plan):
+    for (_, layer, _), entry in zip(leaf_layers(model), plan):
         axis_of.update({id(w): axis for w, axis in zip(layer.weights, split_axes(entry["kind"], layer))})
     return [axis_of.get(id(w)) for w in model.weights]
 
@@ -91,14 +134,6 @@ def trainable_axes(model, axes: list[int | None]) -> list[int | None]:
     the optimizer's slots, which follow the trainable variables."""
     trainable = {id(v) for v in model.trainable_variables}
     return [axis for v, axis in zip(model.weights, axes) if id(v) in trainable]
-
-
-def twins(model, parallel) -> list:
-    """The variable of `parallel` that stands for each of `model.weights` (its slice, or itself replicated)."""
-    twin_of = {}
-    for layer, twin in zip(model.layers, parallel.layers):
-        twin_of.update({id(w): t for w, t in zip(layer.weights, twin.weights)})
-    return [twin_of[id(w)] for w in model.weights]
 
 
 def whole(parts: list[tuple[list, list, dict]]) -> tuple[list, list]:

@@ -1,4 +1,7 @@
-"""Which layers of a Sequential or functional model `tensor` splits across N engines, and how (a pure function).
+"""Which layers of a model `tensor` splits across N engines, and how (a pure function of the model).
+
+The layers are found where they sit in the model's layer tree (`leaf_layers`): a Sequential's or functional
+model's layers, a subclassed model's attributes, the layers of models nested in them, a library's subclasses.
 
 - `Dense` is split by output units (column), or, right after a column-split `Dense` whose activation
   is elementwise and whose output it alone takes, by input units (row): the pair needs one
@@ -27,17 +30,19 @@ SPLITTABLE = {"Dense": "column", "Embedding": "embedding", "Conv2D": "conv", "Mu
 WIDTH = {"Dense": "units", "Embedding": "output_dim", "Conv2D": "filters", "MultiHeadAttention": "num_heads"}
 # how each kind cuts its variables (in the layer's order): the axis of each slice, None for replicated
 AXES = {"column": (-1, 0), "row": (0, None), "embedding": (-1,), "conv": (-1, 0)}
-# an attention layer's variables by their sublayer: projections to heads by the heads axis, the output
-# projection by its heads rows, its bias replicated (added once, after the sum over the engines)
-HEAD_AXES = {("query", "kernel"): 1, ("key", "kernel"): 1, ("value", "kernel"): 1, ("query", "bias"): 0,
-             ("key", "bias"): 0, ("value", "bias"): 0, ("attention_output", "kernel"): 0,
-             ("attention_output", "bias"): None}
+# an attention layer's projections (kernel axis, bias axis): to heads by the heads axis, the output projection
+# by its heads rows, its bias replicated (added once, after the sum over the engines)
+HEAD_AXES = {"query": (1, 0), "key": (1, 0), "value": (1, 0), "output": (0, None)}
 
 
 def split_axes(kind: str, layer) -> list[int | None]:
     """The axis each of `layer`'s variables is split along under `kind` (None: replicated), in their order."""
     if kind == "heads":
-        return [HEAD_AXES[tuple(w.path.split("/")[-2:])] for w in layer.weights]
+        axes = {}
+        for name, (kernel_axis, bias_axis) in HEAD_AXES.items():
+            projection = getattr(layer, f"_{name}_dense")
+            axes.update(zip(map(id, projection.weights), (kernel_axis, bias_axis)))
+        return [axes.get(id(w)) for w in layer.weights]
     if kind == "einsum":
         split = einsum_split(layer.get_config())
         return [split["kernel_axis"], split["bias_axis"]][:len(layer.weights)]
@@ -81,32 +86,83 @@ def activation_name(layer) -> str:
     return getattr(act, "__name__", str(act)) if act is not None else "linear"
 
 
-def plan_splits(model, size: int, requested: str = "auto") -> list[dict]:
-    """One entry per layer of `model` (a `keras.Sequential` or functional model, in `model.layers`' order): name,
-    class, kind (column, row, heads, embedding, conv or replicated), reason (why replicated), bytes (all ranks)
-    and bytes per engine."""
+def leaf_layers(model) -> list[tuple[str, object, object]]:
+    """Every layer `tensor` plans for, where it sits in `model`'s layer tree, in a fixed order: (its name, with the
+    names of the models or layers holding it, "backbone/dense"; the layer; the layer or model holding it). A
+    splittable layer (Dense, EinsumDense, MultiHeadAttention, Embedding, Conv2D, or a library's subclass) is a
+    leaf; a nested model or a layer holding layers is entered; a layer reached twice is planned once."""
     import keras
 
-    if not isinstance(model, keras.Sequential) and not hasattr(model, "_nodes_by_depth"):
-        raise OptionError("--strategy tensor splits the layers of a keras.Sequential or functional model; this cell's "
-                          f"model is a {type(model).__name__} (subclassed: no graph of layers to follow). Write it as "
-                          "a functional model (keras.Model(inputs, outputs)), or train it with hfdt.")
-    layers = list(model.layers)
-    sequential = isinstance(model, keras.Sequential)
-    largest = max([nbytes(layer) for layer in layers] or [1])
+    leaves, seen = [], set()
+
+    def walk(container, prefix: str):
+        children = container.layers if isinstance(container, keras.Model) else \
+            container._flatten_layers(include_self=False, recursive=False)  # (a Sequential's leave out its input)
+        for layer in children:
+            if id(layer) in seen:
+                continue
+            seen.add(id(layer))
+            if isinstance(layer, _FAMILIES(keras)) or not list(layer._flatten_layers(include_self=False,
+                                                                                      recursive=False)):
+                leaves.append((f"{prefix}{layer.name}", layer, container))
+            else:
+                walk(layer, f"{prefix}{layer.name}/")
+
+    walk(model, "")
+    return leaves
+
+
+def _FAMILIES(keras) -> tuple:
+    layers = keras.layers
+    return layers.Dense, layers.EinsumDense, layers.MultiHeadAttention, layers.Embedding, layers.Conv2D
+
+
+def family(layer) -> str | None:
+    """The Keras class `layer` is (or subclasses) among those tensor splits, by name."""
+    import keras
+
+    return next((cls.__name__ for cls in _FAMILIES(keras) if isinstance(layer, cls)), None)
+
+
+def plan_splits(model, size: int, requested: str = "auto") -> list[dict]:
+    """One entry per layer of `model`'s layer tree (`leaf_layers`: a Sequential, functional or subclassed model, and
+    the models nested in it): name, class, kind (column, row, heads, embedding, conv, einsum or replicated), reason
+    (why replicated), bytes (all ranks) and bytes per engine. A Dense splits by rows after a column-split one only
+    where the graph shows that the second takes the first's output alone (a Sequential's or functional model's
+    layers); a subclassed model's `call` is not a graph, so there each split layer gathers its own output."""
+    import keras
+
+    leaves = leaf_layers(model)
+    largest = max([nbytes(layer) for _, layer, _ in leaves] or [1])
     named = None if requested in (None, "", "auto") else [n.strip() for n in str(requested).split(",") if n.strip()]
     if named:
-        unknown = [n for n in named if n not in {layer.name for layer in layers}]
+        known = {name for name, _, _ in leaves} | {layer.name for _, layer, _ in leaves}
+        unknown = [n for n in named if n not in known]
         if unknown:
             raise OptionError(f"--split-layers names {', '.join(unknown)}, not layers of the model; its layers: "
-                              f"{', '.join(layer.name for layer in layers)}.")
-    plan, previous, previous_layer = [], None, None
-    for layer in layers:
-        chained = sequential or _feeds_only(previous_layer, layer)  # a row split takes its input's slice only
-        entry = _entry(layer, size, largest, named, previous if chained else None)
+                              f"{', '.join(name for name, _, _ in leaves)}.")
+        named = [n.rsplit("/", 1)[-1] if n in {name for name, _, _ in leaves} and "/" in n else n for n in named]
+    shared = _shared_variables(leaves)
+    plan, previous, previous_layer, previous_container = [], None, None, None
+    for name, layer, container in leaves:
+        graph = isinstance(container, keras.Sequential) or hasattr(container, "_nodes_by_depth")
+        chained = container is previous_container and graph and (
+            isinstance(container, keras.Sequential) or _feeds_only(previous_layer, layer))
+        entry = _entry(layer, size, largest, named, previous if chained else None, shared)
+        entry["name"] = name
         plan.append(entry)
-        previous, previous_layer = entry, layer
+        previous, previous_layer, previous_container = entry, layer, container
     return plan
+
+
+def _shared_variables(leaves) -> set[int]:
+    """The ids of variables more than one planned layer holds (tied weights: splitting one layer would cut the
+    other's)."""
+    counts: dict[int, int] = {}
+    for _, layer, _ in leaves:
+        for variable in {id(w) for w in layer.weights}:
+            counts[variable] = counts.get(variable, 0) + 1
+    return {v for v, n in counts.items() if n > 1}
 
 
 def _feeds_only(before, layer) -> bool:
@@ -118,8 +174,8 @@ def _feeds_only(before, layer) -> bool:
     return before._outbound_nodes[0] is node and [p.operation for p in node.parent_nodes] == [before]
 
 
-def _entry(layer, size: int, largest: int, named, previous) -> dict:
-    kind, reason = _kind(layer, size, largest, named, previous)
+def _entry(layer, size: int, largest: int, named, previous, shared: set[int]) -> dict:
+    kind, reason = _kind(layer, size, largest, named, previous, shared)
     own = nbytes(layer)
     return {"name": layer.name, "class": type(layer).__name__, "kind": kind, "reason": reason, "bytes": own,
             "bytes_per_engine": own if kind == "replicated" else _split_bytes(layer, kind, size),
@@ -128,17 +184,19 @@ def _entry(layer, size: int, largest: int, named, previous) -> dict:
             "pairs": kind == "column" and activation_name(layer) in ELEMENTWISE}
 
 
-def _kind(layer, size: int, largest: int, named, previous) -> tuple[str, str | None]:
-    cls = type(layer).__name__
+def _kind(layer, size: int, largest: int, named, previous, shared: set[int]) -> tuple[str, str | None]:
+    cls = family(layer)
     wanted = layer.name in named if named else bool(layer.weights) and nbytes(layer) >= AUTO_SHARE * largest
     if not wanted:
         return "replicated", None if named else "small"
-    if cls not in SPLITTABLE:
-        return "replicated", (f"a {cls} cannot be split (tensor splits Dense, EinsumDense, MultiHeadAttention, "
-                              "Embedding and Conv2D)")
-    if cls == "MultiHeadAttention" and (layer.dropout or getattr(layer, "_use_gate", False)):
-        return "replicated", ("its attention dropout draws one mask over all heads" if layer.dropout else
-                              "its gate multiplies all heads' output before the output projection")
+    if cls is None:
+        return "replicated", (f"a {type(layer).__name__} cannot be split (tensor splits Dense, EinsumDense, "
+                              "MultiHeadAttention, Embedding and Conv2D, and their subclasses)")
+    why = _why_not_in_place(layer, cls, shared)
+    if why:
+        return "replicated", why
+    if cls == "MultiHeadAttention" and getattr(layer, "_use_gate", False):
+        return "replicated", "its gate multiplies all heads' output before the output projection"
     if cls == "EinsumDense":
         split = einsum_split(layer.get_config())
         if "reason" in split:
@@ -150,9 +208,31 @@ def _kind(layer, size: int, largest: int, named, previous) -> tuple[str, str | N
         previous["gathers"] = False  # its output stays split: this layer takes its slice by rows
         return "row", None
     width = WIDTH[cls]
-    if getattr(layer, width) % size:
-        return "replicated", f"its {width} ({getattr(layer, width)}) is not a multiple of {size} engines"
+    value = layer.get_config()[width]
+    if value % size:
+        return "replicated", f"its {width} ({value}) is not a multiple of {size} engines"
     return SPLITTABLE[cls], None
+
+
+def _why_not_in_place(layer, cls: str, shared: set[int]) -> str | None:
+    """Why `layer` (of the Keras family `cls`) cannot compute on its slices in place, or None."""
+    import keras
+
+    base = getattr(keras.layers, cls)
+    if any(id(w) in shared for w in layer.weights):
+        return "its weights are tied to another layer's"
+    if getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None):
+        return "it is LoRA-enabled or quantized"
+    if cls == "MultiHeadAttention":
+        projections = [getattr(layer, f"_{p}_dense", None) for p in ("query", "key", "value", "output")]
+        if any(type(p) is not keras.layers.EinsumDense for p in projections):
+            return "its projections are not Keras' EinsumDense"
+        return None
+    if type(layer).call is not base.call:
+        return f"its class {type(layer).__name__} computes its own call (split, it would compute {cls}'s)"
+    if cls == "Conv2D" and (layer.data_format != "channels_last" or layer.groups != 1):
+        return "it is channels-first or grouped"
+    return None
 
 
 def _split_bytes(layer, kind: str, size: int) -> int:
