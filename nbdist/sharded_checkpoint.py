@@ -76,7 +76,8 @@ class Ownership:
         are `own_trainable_index` among the whole model's."""
         from .model_parts import optimizer_prefix, slot_indices, slots_per_variable
 
-        owner_of = {id(v): k for k, layers in enumerate(parts) for layer in layers for v in layer.weights}
+        owner_of = {id(v): k for k, layers in enumerate(parts) for layer in layers
+                    for v in getattr(layer, "weights", [])}
         variables, prefix = list(optimizer.variables), optimizer_prefix(optimizer)
         per = slots_per_variable(len(variables), prefix, len(own_trainable_index))
         slots = {at: variables[k] for j, whole in enumerate(own_trainable_index)

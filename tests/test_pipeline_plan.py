@@ -7,7 +7,7 @@ import pytest
 
 from nbdist.errors import OptionError
 from nbdist.pipeline import schedule
-from nbdist.pipeline.split import balanced_cuts, chain_of, check_cuts, stage_part
+from nbdist.pipeline.split import balanced_cuts, chain_of, check_cuts, positions, stage_part
 
 
 @pytest.mark.parametrize("kind", schedule.KINDS)
@@ -48,11 +48,17 @@ def _skip_model():
     return keras.Model(inputs, keras.layers.Dense(2, name="e")(d))
 
 
-def test_a_functional_graph_is_cut_only_where_one_tensor_crosses():
-    chain = chain_of(_skip_model())
-    assert chain.names == ["a", "b", "c", "d", "e"] and chain.cuttable == ["a", "c", "d"]
-    with pytest.raises(OptionError, match=r"cannot be cut after 'b': the output of 'a' crosses it too \(used by 'c'\)"):
-        check_cuts(chain, ["b"], 2)
+def test_a_skip_connection_crosses_a_cut_with_the_activations_and_the_stages_equal_the_model():
+    model = _skip_model()
+    chain = chain_of(model)
+    assert chain.names == ["a", "b", "c", "d", "e"] and chain.cuttable == ["a", "b", "c", "d"]
+    assert [t.name for t in chain.crossing["b"]] == [chain.layers[0].output.name, chain.layers[1].output.name]
+    x = np.random.default_rng(0).random((5, 8), np.float32)
+    for cut in (["b"], ["a", "b", "d"]):  # (two tensors cross the cut after b: a's output and b's)
+        h = x
+        for s in range(len(cut) + 1):
+            h = stage_part(chain, [chain.names.index(n) for n in cut], s)(h)
+        np.testing.assert_allclose(h, model(x), atol=1e-6)
     with pytest.raises(OptionError, match="1 name"):
         check_cuts(chain, ["a", "c"], 2)
     with pytest.raises(OptionError, match="not a layer of the model"):
@@ -76,9 +82,9 @@ def test_the_stages_of_a_cut_compute_what_the_whole_model_does():
 
 
 def test_a_layer_called_twice_falls_whole_in_one_stage():
-    """A siamese network's tower (a nested model called on both inputs) stands once in the chain: no cut right
-    after it (each call's output would cross) and none between two calls of a shared layer; the cut after the
-    merge computes what the whole model does."""
+    """A siamese network's tower (a nested model called on both inputs) stands once in the chain (not flattened:
+    its calls fall in one stage); a cut right after it is crossed by both calls' outputs; none falls between two
+    calls of a shared layer; every cut computes what the whole model does."""
     import keras
     from keras import layers
 
@@ -90,35 +96,41 @@ def test_a_layer_called_twice_falls_whole_in_one_stage():
     merged = layers.Subtract(name="diff")([tower(a), tower(b)])
     siamese = keras.Model([a, b], layers.Dense(1, name="out")(layers.Dense(5, name="d1")(merged)))
     chain = chain_of(siamese)
-    assert chain.cuttable == ["diff", "d1"] and "called 2 times" in chain.blocked["tower"]
-    cut = positions(chain, ["diff"])
+    assert chain.cuttable == ["tower", "diff", "d1"] and len(chain.crossing["tower"]) == 2
     x = [np.random.default_rng(0).normal(size=(2, 4)), np.zeros((2, 4))]
-    assert np.allclose(stage_part(chain, cut, 1)(stage_part(chain, cut, 0)(x)), siamese(x), atol=1e-6)
+    for name in chain.cuttable:
+        cut = positions(chain, [name])
+        assert np.allclose(stage_part(chain, cut, 1)(stage_part(chain, cut, 0)(x)), siamese(x), atol=1e-6)
 
     shared = layers.Dense(4, name="shared")
     inputs = layers.Input((4,))
     twice = keras.Model(inputs, layers.Dense(1)(shared(layers.Dense(4, name="between")(shared(inputs)))))
-    assert chain_of(twice).cuttable == []  # every cut would split the shared layer's calls
+    chain = chain_of(twice)  # a cut after the first `shared` would split its calls; after `between`, both precede it
+    assert chain.cuttable == ["between"] and "on both sides" in chain.blocked["shared"]
 
 
-def test_no_cut_right_after_a_nested_model_of_several_outputs():
-    """A backbone (a functional model nested in the classifier, as KerasHub's are) whose output is a dict: a cut
-    right after it would be crossed by each of its tensors; it is not offered, with the reason, and the layers
-    before and after stay cuttable."""
+def test_a_nested_backbone_of_several_outputs_is_cut_inside_and_every_cut_equals_the_model():
+    """A backbone (a functional model nested in the classifier, as KerasHub's are) whose output is a dict stands as
+    its own layers: the pipeline may cut inside it, and every cut's stages compute what the whole model does."""
     import keras
     from keras import layers
 
     inner = keras.Input((8,))
-    backbone = keras.Model(inner, {"pooled": layers.Dense(4, name="pool")(inner),
-                                   "sequence": layers.Dense(6, name="seq")(inner)}, name="backbone")
+    hidden = layers.Dense(8, name="inner")(inner)
+    backbone = keras.Model(inner, {"pooled": layers.Dense(4, name="pool")(hidden),
+                                   "sequence": layers.Dense(6, name="seq")(hidden)}, name="backbone")
     inputs = keras.Input((8,))
     features = layers.Dense(8, name="embed")(inputs)
     outputs = backbone(features)
     merged = layers.Concatenate(name="merge")([outputs["pooled"], outputs["sequence"]])
     classifier = keras.Model(inputs, layers.Dense(2, name="head")(layers.Dense(5, name="hidden")(merged)))
     chain = chain_of(classifier)
-    assert "several tensors" in chain.blocked["backbone"]
-    assert chain.cuttable == ["embed", "merge", "hidden"]
+    assert "backbone" not in chain.names and {"inner", "pool", "seq"} <= set(chain.names)
+    assert chain.cuttable == chain.names[:-1]
+    x = np.random.default_rng(0).random((3, 8), np.float32)
+    for name in chain.cuttable:
+        cut = positions(chain, [name])
+        np.testing.assert_allclose(stage_part(chain, cut, 1)(stage_part(chain, cut, 0)(x)), classifier(x), atol=1e-6)
 
 
 def test_a_subclassed_model_is_refused_with_what_to_do():

@@ -1,10 +1,13 @@
 """Cutting a Keras model into K consecutive stages, and balancing them.
 
-A model is cut after named layers. A Sequential model can be cut after any layer. A
-functional model can be cut after a layer whose output is the only tensor that crosses the
-cut (everything after it depends on the inputs only through that tensor); a cut that another
-tensor crosses (a skip connection, a second input used later) is refused, naming the layer
-that uses it. Balancing is a pure function of per-layer costs.
+A model is cut after named layers. A Sequential model can be cut after any layer. A functional
+model is first flattened (`flattened`: a functional model nested in it and called once, such as a
+KerasHub backbone, stands as its own layers), then can be cut after any layer in its order except
+where a layer's calls would fall on both sides or a model output is computed before the cut. Every
+tensor computed before a cut and used after it crosses it (`Chain.crossing`: the activations, a
+skip connection, an attention mask read from the inputs): the stage before sends them all, in one
+order, and the stage after takes them as its inputs. Balancing is a pure function of per-layer
+costs.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ class Chain:
     layers: list  # the model's layers in execution order (no InputLayer)
     cuttable: list[str] = field(default_factory=list)  # names of layers a stage may end at
     blocked: dict[str, str] = field(default_factory=dict)  # layer name -> why a cut after it is refused
+    crossing: dict[str, list] = field(default_factory=dict)  # cuttable layer name -> the tensors crossing its cut
 
     @property
     def names(self) -> list[str]:
@@ -48,54 +52,88 @@ def chain_of(model) -> Chain:
     return _functional_chain(model)
 
 
+def flattened(model):
+    """`model` with every functional model nested in it and called once (a KerasHub backbone, an encoder) replaced
+    by its own layers, recursively: the same layers and weights, one graph a pipeline can cut inside them. A
+    nested model called more than once (a siamese tower) stays one layer, as does one whose class computes its
+    own `call`. `model` itself when nothing is nested."""
+    import keras
+    from keras.src.models.functional import Functional
+
+    def inlined(op) -> bool:
+        return isinstance(op, Functional) and type(op).call is Functional.call and len(op._inbound_nodes) == 1
+
+    if not any(inlined(node.operation) for nodes in model._nodes_by_depth.values() for node in nodes):
+        return model
+
+    def replay(functional, inputs):
+        def operation_fn(op):
+            if inlined(op):
+                return lambda inner, *args, **kwargs: replay(op, op._standardize_inputs(inner))
+            return op
+        return functional._run_through_graph(inputs, operation_fn=operation_fn)
+
+    def fresh(tensor):
+        return keras.Input(batch_shape=tensor.shape, dtype=tensor.dtype, sparse=tensor.sparse,
+                           name=tensor._keras_history[0].name)
+
+    inputs = keras.tree.map_structure(fresh, model._inputs_struct)
+    return keras.Model(inputs, replay(model, inputs), name=model.name)
+
+
 def _functional_chain(model) -> Chain:
+    model = flattened(model)
     nodes = [node for depth in sorted(model._nodes_by_depth, reverse=True) for node in model._nodes_by_depth[depth]]
     ops = [node.operation for node in nodes if not node.is_input]
-    counts: dict[int, int] = {}
-    for op in ops:
-        counts[id(op)] = counts.get(id(op), 0) + 1
     order = [op for op in dict.fromkeys(ops)]
     position = {id(op): i for i, op in enumerate(order)}
     producer = {id(t): node.operation for node in nodes for t in node.output_tensors}
     outputs = {id(t) for t in model.outputs}
     chain = Chain(model, order)
     for i, op in enumerate(order[:-1]):
-        reason = _why_not_a_cut(op, i, order, nodes, producer, position, outputs, counts)
+        reason = _why_not_a_cut(i, nodes, producer, position, outputs)
         if reason:
             chain.blocked[op.name] = reason
         else:
             chain.cuttable.append(op.name)
+            chain.crossing[op.name] = _crossing(i, nodes, producer, position)
     return chain
 
 
-def _why_not_a_cut(op, i, order, nodes, producer, position, outputs, counts) -> str | None:
-    """Why a cut after `order[i]` is crossed by a tensor other than its output, or by data flowing back (a layer
-    called twice, once on each side), or sits after a layer called twice (None: it is a cut). A layer called
-    more than once stands in the chain once, at its first call: its calls all fall in one stage."""
-    if any(node.operation is op and len(node.output_tensors) > 1 for node in nodes):
-        return (f"the output of {op.name!r} is several tensors (a nested model's dict or list of outputs, say); a "
-                "pipeline cut may be crossed by one tensor only")
+def _upstream(source, i: int, position: dict) -> bool:
+    """Whether `source` (a tensor's producer) computes before a cut after position `i` (a model input does)."""
+    return source is not None and (id(source) not in position or position[id(source)] <= i)
+
+
+def _why_not_a_cut(i, nodes, producer, position, outputs) -> str | None:
+    """Why no cut may follow position `i` of the chain: data flowing back across it (a layer called twice, once on
+    each side: a layer's calls must fall in one stage, its weights live in one), or a model output computed before
+    it (None: it is a cut). A layer called more than once stands in the chain once, at its first call."""
     for node in nodes:
-        if node.is_input:
+        if node.is_input or position[id(node.operation)] > i:
             continue
-        after = position[id(node.operation)] > i
         for tensor in node.input_tensors:
-            source = producer.get(id(tensor))
-            upstream = source is not None and (id(source) not in position or position[id(source)] <= i)
-            if not after and source is not None and not upstream:
+            if not _upstream(producer.get(id(tensor)), i, position):
                 return (f"{node.operation.name!r} is called more than once, on both sides of it: a layer's calls "
                         "must all fall in one stage (its weights live in one)")
-            if after and upstream and source is not op:
-                return (f"the output of {source.name!r} crosses it too (used by {node.operation.name!r}); "
-                        "a pipeline cut may be crossed by one tensor only")
-            if after and upstream and counts[id(op)] > 1:
-                return (f"{op.name!r} is called {counts[id(op)]} times: each call's output would cross it; a "
-                        "pipeline cut may be crossed by one tensor only")
     for tensor_id in outputs:
         source = producer.get(tensor_id)
         if source is not None and id(source) in position and position[id(source)] <= i:
             return f"the model's output {source.name!r} is produced before it"
     return None
+
+
+def _crossing(i, nodes, producer, position) -> list:
+    """The tensors computed before a cut after position `i` and used after it, in the graph's order (the same on
+    every engine: each builds the same model)."""
+    crossing: dict[int, object] = {}
+    for node in nodes:
+        if node.is_input or position[id(node.operation)] <= i:
+            continue
+        for tensor in node.input_tensors:
+            if _upstream(producer.get(id(tensor)), i, position):
+                crossing.setdefault(id(tensor), tensor)
+    return list(crossing.values())
 
 
 def check_cuts(chain: Chain, names: list[str], stages: int) -> list[str]:
@@ -159,22 +197,37 @@ def stage_ranges(chain: Chain, cut_at: list[int]) -> list[list]:
 def layer_bytes(layer) -> int:
     import numpy as np
 
-    return sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in layer.weights)
+    return sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize
+               for v in getattr(layer, "weights", []))  # (a Keras op in the graph has none)
 
 
 def stage_part(chain: Chain, cut_at: list[int], stage: int):
-    """Stage `stage`'s part of the model, callable on its input: a layer chain (Sequential models) or
-    the functional sub-model between two cuts. Shares the model's layers (no copy)."""
+    """Stage `stage`'s part of the model, callable on its input: a layer chain (Sequential models) or the functional
+    sub-model between two cuts, taking the tensors crossing the cut before it (one, or a list in
+    `Chain.crossing`'s order) and giving those crossing the cut after it. Shares the model's layers (no copy)."""
     import keras
 
     layers = stage_ranges(chain, cut_at)[stage]
     if chain.sequential:
         return LayerChain(layers)
     model = chain.model
-    inputs = model.input if stage == 0 else _output_of(layers[0], chain, before=True)
-    outputs = model.output if stage == len(cut_at) else layers[-1].output
+
+    def crossing(position: int):
+        tensors = chain.crossing[chain.names[position]]
+        return tensors[0] if len(tensors) == 1 else tensors
+
+    inputs = model.input if stage == 0 else crossing(cut_at[stage - 1])
+    outputs = model.output if stage == len(cut_at) else crossing(cut_at[stage])
+    given = {id(t): j for j, t in enumerate(keras.tree.flatten(inputs))}
+    passed = isinstance(outputs, list) and any(id(t) in given for t in outputs)
     try:
-        return keras.Model(inputs, outputs, name=f"pipeline_part_{stage}")
+        if not passed:
+            return keras.Model(inputs, outputs, name=f"pipeline_part_{stage}")
+        # a tensor crossing both of the stage's cuts passes through it (a Keras model cannot output its input)
+        computed = [t for t in outputs if id(t) not in given]
+        core = keras.Model(inputs, computed[0] if len(computed) == 1 else computed, name=f"pipeline_part_{stage}")
+        return PassingThrough(core, [("given", given[id(t)]) if id(t) in given else ("computed", computed.index(t))
+                                     for t in outputs])
     except ValueError as exc:  # a graph Keras cannot cut there: say which cut, and what to do, not Keras' words
         cuts = [chain.names[p] for p in cut_at]
         raise OptionError(f"--strategy pipeline cannot make stage {stage} of the cut after {', '.join(cuts)}: Keras "
@@ -183,9 +236,24 @@ def stage_part(chain: Chain, cut_at: list[int], stage: int):
                           "strategy.") from None
 
 
-def _output_of(first_layer, chain: Chain, before: bool):
-    """The tensor that enters a stage starting at `first_layer`: the output of the layer before it."""
-    return chain.layers[chain.layers.index(first_layer) - 1].output
+def PassingThrough(core, sources: list[tuple[str, int]]):  # noqa: N802 - made on demand, as LayerChain
+    """A Keras layer computing `core` and giving, for each of its outputs in `sources`, a tensor it was given
+    ("given", index among its flattened inputs) or one `core` computed ("computed", index among its outputs)."""
+    import keras
+
+    class _PassingThrough(keras.layers.Layer):
+        def __init__(self):
+            super().__init__(name=core.name)
+            self.core = core
+            self.built = True
+
+        def call(self, inputs, training=False):
+            given = keras.tree.flatten(inputs)
+            computed = self.core(inputs, training=training)
+            computed = list(computed) if isinstance(computed, (list, tuple)) else [computed]
+            return [given[j] if kind == "given" else computed[j] for kind, j in sources]
+
+    return _PassingThrough()
 
 
 def LayerChain(layers):  # noqa: N802 - a class made on demand, so this module imports without Keras

@@ -204,10 +204,10 @@ class StageSteps:
         else:
             message = self.links.receive(ACT, step, m, position.up)
             t0 = time.perf_counter()
-            x, carried = tf.convert_to_tensor(np.array(message.arrays["t"])), float(message.header["reg"])
+            x, carried = _tensors(message.arrays, "t"), float(message.header["reg"])
         with tf.GradientTape(watch_accessed_variables=training) as tape:
             if not position.first:
-                tape.watch(x)
+                tape.watch(differentiable(x))
             if position.last:
                 labels = (gather(source["y"], part_indices), gather(source.get("sample_weight"), part_indices))
                 y, loss = self._compiled(model, training, True)(x, *labels)
@@ -217,7 +217,7 @@ class StageSteps:
                 target = regularization * weight if regularization is not None else None
         if not position.last:
             own = float(target) if target is not None else 0.0
-            self.links.send(position.down, ACT, step, m, np.asarray(y), reg=carried + own)
+            self.links.send(position.down, ACT, step, m, arrays=_arrays(y, "t"), reg=carried + own)
         if training:  # the busy fraction is of train steps
             self.busy_s += time.perf_counter() - t0
         return (tape, x, y, target), (float(target) + carried if position.last else 0.0)
@@ -251,20 +251,24 @@ class StageSteps:
         tape, x, y, target = held
         position = self.position
         if not position.last:
+            outputs = differentiable(y)  # (the tensors crossing the next cut that a gradient flows back through)
             message = self.links.receive(GRAD, step, m, position.down)
-            output_gradient = tf.convert_to_tensor(np.array(message.arrays["t"]))
+            output_gradients = _tensors(message.arrays, "g", listed=True)
         t0 = time.perf_counter()
-        sources = list(model.trainable_weights) + ([] if position.first else [x])
+        inputs = [] if position.first else differentiable(x)
+        sources = list(model.trainable_weights) + inputs
         if position.last:
             targets, seeds = [target], None
-        elif target is not None:
-            targets, seeds = [y, target], [output_gradient, tf.ones_like(target)]
         else:
-            targets, seeds = [y], [output_gradient]
-        grads = tape.gradient(targets, sources, output_gradients=seeds) if sources else []
+            targets, seeds = outputs, output_gradients
+            if target is not None:
+                targets, seeds = targets + [target], seeds + [tf.ones_like(target)]
+        grads = tape.gradient(targets, sources, output_gradients=seeds) if sources and targets else [None] * len(sources)
         if not position.first:
-            self.links.send(position.up, GRAD, step, m, np.asarray(grads[-1]))
-            grads = grads[:-1]
+            given = grads[len(grads) - len(inputs):]
+            self.links.send(position.up, GRAD, step, m, arrays=_arrays(
+                [tf.zeros_like(t) if g is None else g for g, t in zip(given, inputs)], "g"))
+            grads = grads[:len(grads) - len(inputs)]
         self.busy_s += time.perf_counter() - t0
         return grads
 
@@ -300,6 +304,26 @@ class StageSteps:
         for variable, value in zip(variables, own):
             variable.assign(value)
         return logs, total[-1]
+
+
+def _arrays(tensors, prefix: str) -> dict:
+    """The tensors crossing a cut (one, or a list in the chain's order) as a message's arrays: prefix0, prefix1..."""
+    listed = tensors if isinstance(tensors, (list, tuple)) else [tensors]
+    return {f"{prefix}{j}": np.asarray(t) for j, t in enumerate(listed)}
+
+
+def _tensors(arrays: dict, prefix: str, listed: bool = False):
+    """A message's arrays back as tensors, in order: one tensor alone (unless `listed`), else a list."""
+    import tensorflow as tf
+
+    tensors = [tf.convert_to_tensor(np.array(arrays[f"{prefix}{j}"])) for j in range(len(arrays))]
+    return tensors[0] if len(tensors) == 1 and not listed else tensors
+
+
+def differentiable(tensors) -> list:
+    """The floating-point ones among the tensors crossing a cut (an integer mask carries no gradient)."""
+    listed = tensors if isinstance(tensors, (list, tuple)) else [tensors]
+    return [t for t in listed if t.dtype.is_floating]
 
 
 def _indices(data) -> np.ndarray:

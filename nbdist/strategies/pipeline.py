@@ -22,7 +22,7 @@ from ..pipeline import schedule as schedules
 from ..pipeline import split as splits
 from ..pipeline.links import AddressBook, StageLinks
 from ..pipeline.replicas import Position
-from ..pipeline.stage import gather, index_batches, stage_model
+from ..pipeline.stage import differentiable, gather, index_batches, stage_model
 from .. import kept_weights
 from ..sharded_checkpoint import Ownership, index_path, refuse_unservable_savers, with_checkpoints, write_part
 from ..ps import wire
@@ -301,12 +301,13 @@ def time_segments(chain, x, batch: int) -> list[float]:
         with materialized(part.weights):  # one segment's weights at a time, where the model was built empty
             for _ in range(TIMING_REPEATS + 1):  # the first call traces: not counted
                 t0 = time.perf_counter()
+                inputs = differentiable(h) if i else []
                 with tf.GradientTape() as tape:
-                    if i:
-                        tape.watch(h)
+                    tape.watch(inputs)
                     out = part(h, training=True)
-                    total = tf.reduce_sum(tf.cast(out, tf.float32))
-                tape.gradient(total, list(part.trainable_weights) + ([h] if i else []))
+                    total = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in differentiable(out)] or
+                                     [tf.constant(0.0)])
+                tape.gradient(total, list(part.trainable_weights) + inputs)
                 best = min(best, time.perf_counter() - t0) if _ else best
         costs.append(best)
         h = out
