@@ -47,7 +47,6 @@ class Refused:
     at: int = 0
 
 
-SUBCLASSED = "subclassed: no graph of layers to follow"  # what `tensor` says of a subclassed model
 
 
 def pipeline_refuses(says: str, tensor: Trains | Refused = Trains()) -> dict:
