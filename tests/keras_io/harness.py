@@ -47,8 +47,6 @@ class Refused:
     at: int = 0
 
 
-
-
 def pipeline_refuses(says: str, tensor: Trains | Refused = Trains()) -> dict:
     """OUTCOMES of an example that trains under local, hfdt and nfdt (and, unless told, tensor) and that
     `pipeline` refuses saying `says`."""
