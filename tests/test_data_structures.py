@@ -120,8 +120,6 @@ TWO_OUTPUTS = ("dict_y", "nest", "weights_per_output")
 
 # what a strategy refuses, by (strategy, source), and the words of README's refusal table that list it
 REFUSED = {
-    ("pipeline", "tf.data"): "inputs other than numpy arrays (any list, tuple or dict of them trains",
-    ("pipeline", "PyDataset"): "inputs other than numpy arrays (any list, tuple or dict of them trains",
     ("ashl", "PyDataset"): "`PyDataset` and generator inputs",
 }
 

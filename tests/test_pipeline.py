@@ -95,6 +95,35 @@ def test_a_skip_connection_crosses_its_cut_with_the_activations_and_the_run_equa
     assert kernel.value(DIFF.format("skip_local", "model.get_weights()")) <= 1e-5
 
 
+STREAM_CELL = '''
+import tensorflow as tf
+train = tf.data.Dataset.from_tensor_slices((x[:400], y[:400])).batch(40)
+val = tf.data.Dataset.from_tensor_slices((xt[:200], yt[:200])).batch(50)
+model = build()
+model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+history = model.fit(train, epochs=2, validation_data=val)
+'''
+
+
+def test_a_tf_data_pipeline_is_read_by_the_first_stage_and_the_run_equals_one_engine(kernel, cluster):
+    """The first stage reads each batch of the cell's `tf.data` pipeline and hands its targets down; the 3 stages
+    run the 10 steps its cardinality gives, and the run (weights, History with validation) equals one engine's."""
+    idle_engines(cluster, 3)
+    kernel.run("%%distribute --strategy local --seed 5\n" + STREAM_CELL, timeout=180).check()
+    kernel.run("stream_w, stream_hist = model.get_weights(), history.history").check()
+    kernel.run("%%distribute --strategy pipeline --stages 3 --microbatches 2 --seed 5\n" + STREAM_CELL,
+               timeout=240).check()
+    assert kernel.value(DIFF.format("stream_w", "model.get_weights()")) <= 1e-5
+    result = kernel.value("{'hist': history.history, 'local': stream_hist}")
+    assert result["hist"].keys() == result["local"].keys() and len(result["hist"]["val_loss"]) == 2
+    for key, values in result["local"].items():
+        assert result["hist"][key] == pytest.approx(values, abs=1e-5), key
+    endless = STREAM_CELL.replace(".batch(40)", ".batch(40).repeat()")
+    reply = kernel.run("%%distribute --strategy pipeline --stages 2\n" + endless, timeout=180)
+    assert reply.ename == "OptionError" and "pass steps_per_epoch=N to fit" in reply.evalue, reply.error_text
+
+
 def test_a_killed_stage_engine_fails_the_run_by_name_and_the_cluster_serves_the_next_cell(kernel, cluster):
     first = idle_engines(cluster, 1)[0]
     victim, pid = new_engine(cluster)

@@ -21,8 +21,9 @@ from .. import structures
 from ..empty_weights import variable_bytes
 from . import schedule as schedules
 from .replicas import METRICS, RGRAD, Position, summed
+from .streams import leaves, packed, skeleton
 
-ACT, GRAD, LOGS = "act", "grad", "logs"
+ACT, GRAD, LOGS, BATCH = "act", "grad", "logs", "batch"
 COMPILED_STEP_BYTES = 64 << 20  # a stage's trainable bytes up to which its optimizer step is compiled
 
 
@@ -132,23 +133,45 @@ class StageSteps:
         self.control = None
         self._functions: dict = {}
 
-    def _micro_batches(self, data):
-        indices = _indices(data)
-        own = self.position.share(indices)
+    def _micro_batches(self, data, split: str):
         self.step_id += 1
-        return indices, own, np.array_split(own, min(self.plan["microbatches"], len(own)))
+        indices, source = self._batch(data, split)
+        own = self.position.share(indices)
+        return indices, own, np.array_split(own, min(self.plan["microbatches"], len(own))), source
+
+    def _batch(self, data, split: str):
+        """The step's sample indices and what this stage reads of them: from arrays, the same indices on every
+        stage; from a stream (`streams`), the batch the first stage read, its size, targets and sample weights
+        handed down the pipeline before any activation."""
+        arrays = self.arrays[split]
+        if arrays is None or not arrays.get("streamed"):
+            return _indices(data), arrays
+        position = self.position
+        if position.first:
+            batch = arrays["stream"].next_batch()
+            n = structures.length(batch["x"])
+            labels = {"y": batch["y"], "sample_weight": batch["sample_weight"]}
+        else:
+            message = self.links.receive(BATCH, self.step_id, 0, position.up)
+            n = int(message.header["n"])
+            labels = packed(message.header["shape"], [message.arrays[f"l{j}"] for j in range(len(message.arrays))])
+            batch = {"x": None, **labels}
+        if not position.last:
+            self.links.send(position.down, BATCH, self.step_id, 0, arrays={
+                f"l{j}": np.asarray(leaf) for j, leaf in enumerate(leaves(labels))}, n=n, shape=skeleton(labels))
+        return np.arange(n), batch
 
     def train(self, model, data):
         import tensorflow as tf
 
         started = time.perf_counter()
-        indices, own, micro = self._micro_batches(data)
+        indices, own, micro, source = self._micro_batches(data, "train")
         step, held, loss = self.step_id, {}, 0.0
         grads = [None] * len(model.trainable_weights)  # (no zeros held: a stage's memory is its weights' few times)
         for kind, m in schedules.make(self.plan["schedule"], self.position.stage, self.position.stages, len(micro)):
             if kind == schedules.FORWARD:  # a micro-batch's loss weight is its share of the whole batch
                 held[m], reported = self._forward(model, step, m, micro[m], len(micro[m]) / len(indices),
-                                                  self.arrays["train"], training=True)
+                                                  source, training=True)
                 loss += reported
             else:
                 micro_grads = self._backward(model, step, m, held.pop(m))
@@ -188,8 +211,8 @@ class StageSteps:
         return self._functions["apply"]
 
     def test(self, model, data):
-        indices, own, micro = self._micro_batches(data)
-        loss = sum(self._forward(model, self.step_id, m, part, len(part) / len(indices), self.arrays["val"],
+        indices, own, micro, source = self._micro_batches(data, "val")
+        loss = sum(self._forward(model, self.step_id, m, part, len(part) / len(indices), source,
                                  training=False)[1] for m, part in enumerate(micro))
         return self._finish(model, self.step_id, len(own), len(indices), loss)
 

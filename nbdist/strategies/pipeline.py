@@ -23,11 +23,12 @@ from ..pipeline import split as splits
 from ..pipeline.links import AddressBook, StageLinks
 from ..pipeline.replicas import Position
 from ..pipeline.stage import differentiable, gather, index_batches, stage_model
+from ..pipeline.streams import Stream, is_stream
+from ..pipeline.streams import steps as stream_steps
 from .. import kept_weights
 from ..sharded_checkpoint import Ownership, index_path, refuse_unservable_savers, with_checkpoints, write_part
 from ..ps import wire
 from ..dynamic_data import single_target
-from ..sharding import is_dataset, is_py_dataset
 from ..structures import length, map_leaves, rows, take
 from .base import Option, Reports, Strategy, Worker
 from .control_step import stop_when_stopped
@@ -77,9 +78,13 @@ class PipelineWorker(Worker):
         self.refuse_other_optimizers(request)
         refuse_second_fit(model, "pipeline")
         arrays = fit_arrays(request)
+        if arrays["train"].get("streamed") and self.config["replicas"] > 1:
+            raise OptionError("--strategy pipeline with --replicas reads the training data as arrays (every "
+                              "replica takes its share of the same batch); a stream is read once, by one first "
+                              "stage: pass numpy arrays, or train without --replicas.")
         if not model.built:
             with weights_without_values():  # each stage gives values to its own part only
-                build_from_sample(model, arrays["train"]["x"])
+                build_from_sample(model, request.x)
         refuse_unservable_savers(request.callbacks, "pipeline")
         chain = splits.chain_of(model)
         control = self.control_point()
@@ -128,10 +133,13 @@ class PipelineWorker(Worker):
         batch = int(request.batch_size or 32)
         seed = self.spec["options"].get("seed")
         seed = int(seed if seed is not None else self.spec["run"])
-        train = index_batches(length(arrays["train"]["x"]), batch, bool(request.shuffle), seed,
-                              endless=request.steps_per_epoch is not None)
-        val = (index_batches(length(arrays["val"]["x"]), int(request.validation_batch_size or batch), False, seed)
-               if arrays["val"] is not None else None)
+        train, val = arrays["train"], arrays["val"]
+        train = (step_numbers(train["steps"]) if train.get("streamed") else
+                 index_batches(length(train["x"]), batch, bool(request.shuffle), seed,
+                               endless=request.steps_per_epoch is not None))
+        if val is not None:
+            val = (step_numbers(val["steps"]) if val.get("streamed") else
+                   index_batches(length(val["x"]), int(request.validation_batch_size or batch), False, seed))
         kept, self.callback_changes = self._callbacks_for_stage(request)
         reporter = self.make_reporter(batch)
         steps = stage.steps
@@ -163,7 +171,9 @@ class PipelineWorker(Worker):
         sizes = [sum(splits.layer_bytes(layer) for layer in seg) for seg in segments]
         basis, costs = "bytes", [float(s) for s in sizes]
         with contextlib.suppress(Exception):  # a part that cannot be timed alone: balance by bytes instead
-            costs, basis = time_segments(chain, arrays["train"]["x"], int(request.batch_size or 32)), "time"
+            train = arrays["train"]
+            sample = train["stream"].sample_x() if train.get("streamed") else train["x"]
+            costs, basis = time_segments(chain, sample, int(request.batch_size or 32)), "time"
         names = [seg[-1].name for seg in segments]
         if requested == "auto":
             cuts = splits.balanced_cuts(names, costs, chain.cuttable, self.position.stages)
@@ -177,6 +187,8 @@ class PipelineWorker(Worker):
     def _own(self, arrays: dict) -> dict:
         """What this stage reads of the data: the inputs on the first stage, labels and weights on the last."""
         def part(data):
+            if data is not None and data.get("streamed"):  # (the first stage reads it, and hands the targets down)
+                return {**data, "stream": data["stream"] if self.position.first else None}
             return None if data is None else {"x": data["x"] if self.position.first else None,
                                               "y": data["y"] if self.last else None,
                                               "sample_weight": data["sample_weight"] if self.last else None}
@@ -206,36 +218,57 @@ class PipelineWorker(Worker):
 
 
 def fit_arrays(request) -> dict:
-    """The cell's training and validation arrays, as a local fit would cut them; refuses what a
-    pipeline cannot read batch by batch on every stage."""
-    from ..sharding import is_generator
-
+    """The cell's training and validation data, as a local fit would cut them: arrays (every stage indexes the
+    same batch), or a stream the first stage reads (`pipeline.streams`), with the steps a pass takes."""
     x, y = request.x, request.y
-    source = is_dataset(x) or is_py_dataset(x) or is_generator(x)
-    if source or y is None:
-        raise OptionError("--strategy pipeline reads the training data as arrays (model.fit(x, y, ...)) so that every "
-                          "stage takes the same batch: the first its inputs, the last its labels. Pass numpy arrays "
-                          f"instead of {type(x).__name__}{' without y' if y is None and not source else ''}, or use a "
-                          "data-parallel strategy.")
+    if is_stream(x):
+        train = {"streamed": True, "stream": Stream(x, request.class_weight),
+                 "steps": stream_steps(x, request.steps_per_epoch, "training")}
+        return {"train": train, "val": _validation(request)}
+    if y is None:
+        raise OptionError("--strategy pipeline trains on inputs and targets: the last stage computes the loss from "
+                          f"them. Pass y with x ({type(x).__name__}), or a dataset of (x, y) batches.")
     sample_weight = request.sample_weight
     if request.class_weight:
         from keras.src.trainers.data_adapters.data_adapter_utils import class_weight_to_sample_weights
 
         sample_weight = np.asarray(class_weight_to_sample_weights(rows(single_target(y)), request.class_weight))
     train = {"x": x, "y": map_leaves(rows, y), "sample_weight": map_leaves(rows, sample_weight)}
-    val = None
-    if request.validation_data is not None:
-        data = tuple(request.validation_data)
-        if is_dataset(data[0]) or is_py_dataset(data[0]):
-            raise OptionError("--strategy pipeline takes validation_data as arrays (x_val, y_val); it was given a "
-                              f"{type(data[0]).__name__}.")
-        val = {"x": data[0], "y": map_leaves(rows, data[1]),
-               "sample_weight": map_leaves(rows, data[2]) if len(data) > 2 else None}  # (x, y[, w]): Keras' tuple
-    elif request.validation_split:
+    val = _validation(request)
+    if val is None and request.validation_split:
         split_at = int(np.floor(length(train["x"]) * (1.0 - request.validation_split)))
         val = {k: take(v, slice(split_at, None)) for k, v in train.items()}
         train = {k: take(v, slice(0, split_at)) for k, v in train.items()}
     return {"train": train, "val": val}
+
+
+def _validation(request) -> dict | None:
+    """The cell's validation data: a dataset, PyDataset or generator the first stage streams, or arrays (x, y[, w]:
+    Keras' tuple) every stage indexes; None without validation_data."""
+    data = request.validation_data
+    if data is None:
+        return None
+    if is_stream(data):
+        return {"streamed": True, "stream": Stream(data), "steps": stream_steps(data, request.validation_steps,
+                                                                                   "validation")}
+    data = tuple(data)
+    return {"x": data[0], "y": map_leaves(rows, data[1]),
+            "sample_weight": map_leaves(rows, data[2]) if len(data) > 2 else None}
+
+
+def step_numbers(count: int):
+    """A `keras.utils.PyDataset` of `count` steps whose items only count them (a streamed pass: the first stage
+    reads each batch from the stream)."""
+    import keras
+
+    class StepNumbers(keras.utils.PyDataset):
+        def __len__(self):
+            return count
+
+        def __getitem__(self, i):
+            return np.array([i], np.int64)
+
+    return StepNumbers()
 
 
 def sharded_note(written: dict) -> dict:
