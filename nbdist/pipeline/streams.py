@@ -66,10 +66,7 @@ class Stream:
         except StopIteration:
             self._iterator = self._fresh()
             element = next(self._iterator)
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(element)
-        if y is None:
-            raise OptionError("--strategy pipeline trains on (x, y) batches: the last stage computes the loss from "
-                              "targets; this source's batches hold inputs only.")
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(element)  # (y None: a loss the model adds)
         batch = {k: structures.map_leaves(np.asarray, v) for k, v in
                  (("x", x), ("y", y), ("sample_weight", sample_weight))}
         if self.class_weight:

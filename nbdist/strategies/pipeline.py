@@ -225,9 +225,6 @@ def fit_arrays(request) -> dict:
         train = {"streamed": True, "stream": Stream(x, request.class_weight),
                  "steps": stream_steps(x, request.steps_per_epoch, "training")}
         return {"train": train, "val": _validation(request)}
-    if y is None:
-        raise OptionError("--strategy pipeline trains on inputs and targets: the last stage computes the loss from "
-                          f"them. Pass y with x ({type(x).__name__}), or a dataset of (x, y) batches.")
     sample_weight = request.sample_weight
     if request.class_weight:
         from keras.src.trainers.data_adapters.data_adapter_utils import class_weight_to_sample_weights

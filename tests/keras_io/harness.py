@@ -47,6 +47,14 @@ class Refused:
     at: int = 0
 
 
+NO_GRAPH = "is a subclassed model, whose layers have no graph nbdist can cut"  # what `pipeline` says of one
+
+
+def trains_everywhere() -> dict:
+    """OUTCOMES of an example that trains under every strategy."""
+    return {strategy: Trains() for strategy in STRATEGIES}
+
+
 def pipeline_refuses(says: str, tensor: Trains | Refused = Trains()) -> dict:
     """OUTCOMES of an example that trains under local, hfdt and nfdt (and, unless told, tensor) and that
     `pipeline` refuses saying `says`."""

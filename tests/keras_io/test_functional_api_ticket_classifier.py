@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tests.keras_io.harness import STRATEGIES, Trains, history, run_example
+from tests.keras_io.harness import STRATEGIES, history, run_example, trains_everywhere
 
 SOURCE = "keras-team/keras-io guides/functional_api.py"
 LICENCE = "Apache-2.0"
@@ -107,7 +107,7 @@ changed = any(bool((a != b).any()) for a, b in zip(before, model.get_weights()))
 ''',
 ]
 
-OUTCOMES = {"local": Trains(), "hfdt": Trains(), "nfdt": Trains(), "pipeline": Trains(), "tensor": Trains()}
+OUTCOMES = trains_everywhere()
 MODEL = "model"
 LOCAL_FINAL_LOSS = (1.263, 1.290)  # six plain Keras runs of these cells: the evaluated total loss (see check)
 

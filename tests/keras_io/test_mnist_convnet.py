@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.keras_io.harness import STRATEGIES, Trains, history, run_example
+from tests.keras_io.harness import STRATEGIES, history, run_example, trains_everywhere
 
 SOURCE = "keras-team/keras-io examples/vision/mnist_convnet.py"
 LICENCE = "Apache-2.0"
@@ -80,7 +80,7 @@ print("Test accuracy:", score[1])
 ''',
 ]
 
-OUTCOMES = {"local": Trains(), "hfdt": Trains(), "nfdt": Trains(), "pipeline": Trains(), "tensor": Trains()}
+OUTCOMES = trains_everywhere()
 MODEL = "model"
 
 

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from tests.keras_io.harness import STRATEGIES, Trains, history, run_example
+from tests.keras_io.harness import STRATEGIES, history, run_example, trains_everywhere
 
 SOURCE = "keras-team/keras-io examples/vision/siamese_contrastive.py"
 LICENCE = "Apache-2.0"
@@ -161,7 +161,7 @@ print("test loss, test acc:", results)
 ]
 
 # pipeline: the embedding network, called on both inputs, falls whole in the first stage (both calls in one stage)
-OUTCOMES = {"local": Trains(), "hfdt": Trains(), "nfdt": Trains(), "pipeline": Trains(), "tensor": Trains()}
+OUTCOMES = trains_everywhere()
 MODEL = "siamese"
 
 
