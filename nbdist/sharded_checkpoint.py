@@ -6,7 +6,9 @@ any host's) reads them:
   whole model to the files holding it (Keras' sharded format: `model.load_weights("<name>.weights.json")`);
 - `tensor` (`write_gathered`): every layer is split across all ranks, so the ranks gather one variable at a
   time (no engine ever holds more than one whole variable) and rank 0 writes the plain `<name>.weights.h5`, or
-  the whole model's `<name>.keras` (its configuration and its weights, as `model.save` writes it).
+  the whole model's `<name>.keras` (its configuration and its weights, as `model.save` writes it);
+- `pipeline`'s whole-model save (a ModelCheckpoint without `save_weights_only`): the stages relay their parts to
+  the last stage, which writes the `.keras` file with `write_gathered`, holding the whole model while it writes.
 
 Every engine walks the whole model (its layer graph exists on every engine, the variables without values where
 another engine owns them) with Keras' own saving walk, so the paths are Keras'. The optimizer's variables are
@@ -38,17 +40,13 @@ def index_path(filepath) -> pathlib.Path:
 
 def refuse_unservable_savers(callbacks, strategy: str) -> None:
     """Before training, under a model-parallel `strategy`: a saver no engine can serve (none holds the whole
-    model), with what to do instead (`tensor` writes a whole `.keras` model, gathered; `pipeline` weights only)."""
+    model), with what to do instead."""
     for callback in callbacks or []:
         name = type(callback).__name__
         if name == "BackupAndRestore":
             raise OptionError(f"--strategy {strategy} cannot run BackupAndRestore yet: no engine holds the whole "
                               "model to back up. Use ModelCheckpoint(save_weights_only=True), which the engines write "
                               "together, or a data-parallel strategy.")
-        if name == "ModelCheckpoint" and not callback.save_weights_only and strategy == "pipeline":
-            raise OptionError(f"--strategy {strategy} writes ModelCheckpoint's weights only (no engine holds the whole "
-                              f"model to save as {callback.filepath!r}): give it save_weights_only=True and a path "
-                              "ending in .weights.h5.")
 
 
 def with_checkpoints(callbacks, kept: list) -> list:

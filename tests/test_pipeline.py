@@ -252,15 +252,32 @@ def test_a_loss_closure_and_a_metric_of_the_notebook_train_unchanged(kernel, clu
                         "history.history['top_class_rate']))") <= 1e-5
 
 
-def test_savers_a_pipeline_cannot_serve_are_refused_before_training(kernel, cluster, tmp_path):
-    idle_engines(cluster, 2)
-    for callback, says in ((f"keras.callbacks.ModelCheckpoint({str(tmp_path / 'm.keras')!r})",
-                            "writes ModelCheckpoint's weights only"),
-                           (f"keras.callbacks.BackupAndRestore({str(tmp_path)!r})", "cannot run BackupAndRestore")):
-        reply = kernel.run("%%distribute --strategy pipeline --stages 2\nmodel = build()\n"
-                           "model.compile(optimizer='sgd', loss='sparse_categorical_crossentropy')\n"
-                           f"model.fit(x, y, epochs=1, steps_per_epoch=2, callbacks=[{callback}])", timeout=180)
-        assert reply.ename == "OptionError" and says in reply.evalue, reply.error_text
+def test_a_whole_model_checkpoint_is_relayed_to_the_last_stage_and_keras_loads_it(kernel, cluster, tmp_path):
+    """`ModelCheckpoint(path.keras)` (keras-io's timeseries example saves its best model so): the stages relay their
+    parts, the last writes the whole model, and `keras.models.load_model` reads the best epoch's model, its Adam
+    slots included; BackupAndRestore stays refused before training."""
+    idle_engines(cluster, 3)
+    path = tmp_path / "best.keras"
+    cell = f'''
+model = build()
+model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy")
+best = keras.callbacks.ModelCheckpoint({str(path)!r}, monitor="loss", save_best_only=True)
+history = model.fit(x, y, batch_size=40, epochs=3, steps_per_epoch=10, shuffle=False, callbacks=[best])
+'''
+    reply = kernel.run("%%distribute --strategy pipeline --stages 3 --seed 2\n" + cell, timeout=240).check()
+    assert f"ModelCheckpoint of the cell wrote {path} on host" in reply.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.keras"]
+    losses = kernel.value("history.history['loss']")
+    assert losses.index(min(losses)) == 2  # (the best epoch is the last: the file holds the run's end)
+    kernel.run("run_w, run_opt = model.get_weights(), [v.numpy() for v in model.optimizer.variables]\n"
+               f"back = keras.models.load_model({str(path)!r})").check()
+    assert kernel.value(DIFF.format("run_w", "back.get_weights()")) == 0
+    assert kernel.value(DIFF.format("run_opt", "[v.numpy() for v in back.optimizer.variables]")) == 0
+    reply = kernel.run("%%distribute --strategy pipeline --stages 2\nmodel = build()\n"
+                       "model.compile(optimizer='sgd', loss='sparse_categorical_crossentropy')\n"
+                       f"model.fit(x, y, epochs=1, steps_per_epoch=2, "
+                       f"callbacks=[keras.callbacks.BackupAndRestore({str(tmp_path)!r})])", timeout=180)
+    assert reply.ename == "OptionError" and "cannot run BackupAndRestore" in reply.evalue, reply.error_text
 
 
 def test_weights_kept_on_the_engines_are_written_by_their_stages_and_trained_on_by_the_next_run(kernel, cluster,

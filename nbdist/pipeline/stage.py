@@ -23,7 +23,7 @@ from . import schedule as schedules
 from .replicas import METRICS, RGRAD, Position, summed
 from .streams import leaves, packed, skeleton
 
-ACT, GRAD, LOGS, BATCH = "act", "grad", "logs", "batch"
+ACT, GRAD, LOGS, BATCH, SAVE = "act", "grad", "logs", "batch", "save"
 COMPILED_STEP_BYTES = 64 << 20  # a stage's trainable bytes up to which its optimizer step is compiled
 
 
@@ -89,6 +89,7 @@ def stage_model(part, position: Position, links, plan: dict, arrays: dict):
             self.part = part
             self.steps = StageSteps(position, links, plan, arrays)
             self.checkpoint = None  # writes this stage's shard of a checkpoint (set by the worker)
+            self.whole_checkpoint = None  # takes part in a whole-model save (set by the worker)
 
         def call(self, inputs, training=False):
             return self.part(inputs, training=training)
@@ -111,11 +112,9 @@ def stage_model(part, position: Position, links, plan: dict, arrays: dict):
                 self.checkpoint(filepath)
 
         def save(self, filepath, overwrite=True, **kwargs):
-            from ..errors import OptionError
-
-            raise OptionError("--strategy pipeline saves the weights only (no engine holds the whole model to save "
-                              f"it as {filepath!r}): give ModelCheckpoint save_weights_only=True and a .weights.h5 "
-                              "path, or save the notebook's model after the cell")
+            """A ModelCheckpoint's whole-model save: every stage's part relayed to the last, which writes it."""
+            if self.whole_checkpoint is not None:
+                self.whole_checkpoint(filepath)
 
     return Stage()
 

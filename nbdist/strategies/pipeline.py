@@ -22,11 +22,12 @@ from ..pipeline import schedule as schedules
 from ..pipeline import split as splits
 from ..pipeline.links import AddressBook, StageLinks
 from ..pipeline.replicas import Position
-from ..pipeline.stage import differentiable, gather, index_batches, stage_model
+from ..pipeline.stage import SAVE, differentiable, gather, index_batches, stage_model
 from ..pipeline.streams import Stream, is_stream
 from ..pipeline.streams import steps as stream_steps
 from .. import kept_weights
-from ..sharded_checkpoint import Ownership, index_path, refuse_unservable_savers, with_checkpoints, write_part
+from ..sharded_checkpoint import (Ownership, index_path, refuse_unservable_savers, with_checkpoints, write_gathered,
+                                  write_part)
 from ..ps import wire
 from ..dynamic_data import single_target
 from ..structures import length, map_leaves, rows, take
@@ -56,6 +57,7 @@ class PipelineWorker(Worker):
     """One stage: builds its part of the model, frees the rest, and runs Keras' `fit` on the part."""
 
     handed_in = {"fit": -1}  # what the last fit's `_hand_in` sent the kernel
+    saves = 0  # whole-model saves relayed down the pipeline (their messages' numbers)
 
     @property
     def position(self) -> Position:
@@ -120,6 +122,36 @@ class PipelineWorker(Worker):
                                             own_trainable_index=self.layout["trainable_index"])
         stage.checkpoint = (lambda path: None) if self.position.replica else (
             lambda path: write_part(model, path, self.ownership))
+        stage.whole_checkpoint = (lambda path: None) if self.position.replica else (
+            lambda path: self._save_whole(model, path))
+
+    def _save_whole(self, model, path) -> None:
+        """A whole-model save (a ModelCheckpoint's `model.save` to a .keras path), on every stage of the first
+        pipeline at the same step: each stage adds its variables and its optimizer variables (by their numbers in
+        the whole model's) to what the stage before sent and hands it down; the last stage writes the whole
+        model's .keras file as Keras' `model.save` does, holding every stage's values while it writes."""
+        position = self.position
+        self.saves += 1
+        parts = {}
+        if not position.first:
+            parts = {k: np.array(v) for k, v in self.links.receive(SAVE, self.saves, 0, position.up).arrays.items()}
+        parts.update({f"w{i}": np.asarray(v.numpy()) for i, v in zip(self.layout["weight_index"],
+                                                                     self.layout["variables"])})
+        parts.update({f"s{n}": np.asarray(v.numpy()) for n, v in self.ownership.slots.items()})
+        if not position.last:
+            self.links.send(position.down, SAVE, self.saves, 0, arrays=parts)
+            return
+        index_of = {id(v): i for i, v in enumerate(model.weights)}
+
+        def whole(variable):
+            key = f"w{index_of[id(variable)]}"
+            if key not in parts:
+                raise OptionError(f"--strategy pipeline cannot save the whole model: its variable {variable.path!r} "
+                                  "is in no stage (no output of the model depends on it).")
+            return parts[key]
+
+        slots = {int(k[1:]): (lambda k=k: parts[k]) for k in sorted(parts) if k.startswith("s")}
+        write_gathered(model, path, whole, slots, writer=True)
 
     def _give_back(self, model, stage) -> None:
         """The trained part to the kernel, or kept here (`--keep-weights engines`)."""
@@ -270,8 +302,8 @@ def step_numbers(count: int):
 
 def sharded_note(written: dict) -> dict:
     """Where a stage's callback wrote: a ModelCheckpoint's save is the index of a sharded checkpoint."""
-    if written["callback"] != "ModelCheckpoint":
-        return written
+    if written["callback"] != "ModelCheckpoint" or str(written["path"]).endswith(".keras"):
+        return written  # (a whole model's .keras file: the last stage wrote it whole)
     return {**written, "path": str(index_path(written["path"])),
             "note": "a sharded checkpoint: an index and one file per stage beside it, each written by its stage; "
                     "model.load_weights(path) reads it"}
