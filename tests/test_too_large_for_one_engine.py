@@ -1,6 +1,6 @@
 """A model too large for one engine: each engine's memory capped (`%dist cap`: a cgroup v1 memory controller, as
-root) below what training the whole model needs; `pipeline` and `tensor` train it on two, `local` on one is killed
-and the cell says so, naming the engine."""
+root) below what training the whole model needs; `pipeline` trains it on two, `tensor` its subclassed twin on two,
+`local` on one is killed and the cell says so, naming the engine."""
 
 from __future__ import annotations
 
@@ -31,6 +31,21 @@ model = keras.Sequential([keras.Input(({WIDTH},))] + [keras.layers.Dense({WIDTH}
                          + [keras.layers.Dense(10, name="logits")])
 model.compile(optimizer=keras.optimizers.Adam(1e-4),
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+class Wide(keras.Model):  # the same layers, subclassed: what `tensor` splits where they sit
+    def __init__(self):
+        super().__init__()
+        self.blocks = [keras.layers.Dense({WIDTH}, name=f"block_{{i}}") for i in range({DEPTH})]
+        self.logits = keras.layers.Dense(10, name="logits")
+
+    def call(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.logits(x)
+
+wide = Wide()
+wide.compile(optimizer=keras.optimizers.Adam(1e-4),
+             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 '''
 DATA = f'''
 import numpy as np
@@ -79,11 +94,14 @@ def test_pipeline_trains_a_model_no_capped_engine_could_hold_whole(kernel, caps)
     assert all(0 < peak <= CAP for peak in peaks), peaks
 
 
-def test_tensor_trains_it_with_each_engine_holding_half_of_every_layer(kernel, caps):
-    kernel.run("w0 = model.get_weights()", timeout=120).check()
-    kernel.run(f"%%distribute --strategy tensor --seed 3 --targets {_targets(caps, TENSOR)}\n{FIT}",
-               timeout=600).check()
-    moved = kernel.value("[float(abs(a - b).max()) for a, b in zip(w0, model.get_weights())]")
+def test_tensor_trains_it_subclassed_with_each_engine_holding_half_of_every_layer(kernel, caps):
+    """The same layers in a subclassed model, built in the notebook: each engine builds its copy without values,
+    fetches its halves, and splits each Dense where it sits (no graph: each gathers its own output)."""
+    kernel.run("wide(xb[:1]); w0 = wide.get_weights()", timeout=120).check()
+    kernel.run(f"%%distribute --strategy tensor --seed 3 --targets {_targets(caps, TENSOR)}\n"
+               + FIT.replace("model.fit", "wide.fit"), timeout=600).check()
+    assert kernel.value("sorted({e['kind'] for e in nbdist.last_run.plan['layers']})") == ["column", "replicated"]
+    moved = kernel.value("[float(abs(a - b).max()) for a, b in zip(w0, wide.get_weights())]")
     assert all(m > 0 for m in moved), moved
     held = kernel.value("[p['total'] for p in nbdist.last_run.plan['engine_bytes']]")
     whole = DEPTH * (WIDTH * WIDTH + WIDTH) * 4 * 3

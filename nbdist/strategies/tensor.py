@@ -19,7 +19,7 @@ import random
 
 import numpy as np
 
-from ..empty_weights import fill
+from ..empty_weights import fill, weights_without_values
 from ..keras_bridge import FitResult, build_from_sample
 from ..model_parts import (DeskClient, PartsDesk, cut, load_slots, notebook_name, optimizer_prefix, refuse_second_fit,
                            release, slots_per_variable, taken)
@@ -54,8 +54,9 @@ class TensorWorker(HfdtWorker):
         desk = DeskClient(links["desk"], bytes.fromhex(links["key"]), hvd.rank(),
                           f"tensor rank {hvd.rank()} (engine {links['engines'][hvd.rank()]})")
         try:
-            if not model.built:
-                build_from_sample(model, request.x)  # (not its optimizer: the weights may have no values here)
+            if not model.built:  # (a subclassed model: its weights made without values, as a define cell's are)
+                with weights_without_values():
+                    build_from_sample(model, request.x)
             plan = plan_splits(model, hvd.size(), self.values.get("split_layers"))
             axes = weight_axes(plan, model)
             values, slots, from_notebook = self._own_values(hvd, desk, model, axes)
