@@ -222,7 +222,10 @@ def install(name: str, state: ModelState, functions: bytes | None = None) -> Non
         fill(variable, value)  # (model.set_weights, for weights made empty too)
     if state.weights:
         finalize_states(model)  # (an adapted Normalization's statistics follow its weights)
-    if state.compile and (not model.compiled or compile_text(model.get_compile_config()) != state.compile_text):
+    # a fresh optimizer in the notebook (a model rebuilt and compiled again) is fresh here too, not this engine's
+    # optimizer of the last run, its steps and slots
+    stale = state.optimizer is None and getattr(model, "optimizer", None) is not None and model.optimizer.built
+    if state.compile and (stale or not model.compiled or compile_text(model.get_compile_config()) != state.compile_text):
         with keras.saving.custom_object_scope(_notebook_objects(user_namespace(), functions)):
             compile_as(model, state.compile)
     if state.optimizer is not None:

@@ -225,6 +225,20 @@ def test_an_unchanged_continuation_sends_no_weights(kernel, cluster, strategy, w
     assert kernel.value("first.first") == pytest.approx(kernel.value("x0"), abs=1e-5)
 
 
+@pytest.mark.parametrize("strategy, workers", [("local", 1), ("hfdt", 2)])
+def test_a_model_rebuilt_in_the_notebook_trains_with_a_fresh_optimizer_on_the_engines(kernel, cluster, strategy,
+                                                                                     workers):
+    """A notebook that builds and compiles its model again (an example re-run, say) under the same name: the engines
+    that trained the last one must not carry its optimizer's steps and Adam slots into the new one (a KerasHub BERT
+    classifier stayed at chance so: its Adam moments were the last model's)."""
+    targets = ",".join(map(str, idle_engines(cluster, workers)))  # the same engines for both runs
+    fit = "history = model.fit(sx, sy, batch_size=32, epochs=1, steps_per_epoch=5)\n"
+    for _ in range(2):
+        kernel.run(COMPILE.format(optimizer="keras.optimizers.Adam(1e-3)")).check()  # in the notebook
+        kernel.run(f"%%distribute --strategy {strategy} --targets {targets}\n{fit}", timeout=240).check()
+        assert kernel.value("int(model.optimizer.iterations.numpy())") == 5
+
+
 def test_frozen_then_unfrozen_layers_and_load_weights_reach_the_engines(kernel, tmp_path):
     first = COMPILE.format(optimizer="keras.optimizers.SGD(0.05)") + "history = model.fit(sx, sy, batch_size=32, epochs=1)\n"
     distribute(kernel, "nfdt", first).check()
