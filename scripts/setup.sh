@@ -44,6 +44,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   pip_quiet install -q --upgrade pip wheel
   pip_quiet install -q "$TF_PACKAGE"
   pip_quiet install -q -e ".[dev]"
+  # KerasHub for its BertBackbone example (tests/keras_io), without its tensorflow-text pin (TF 2.20's)
+  pip_quiet install -q --no-deps "keras-hub==0.32.0"
   "$VPY" -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (nbdist)" >/dev/null
   mkdir -p "$VENV/share/jupyter/lab/settings"   # no news pop-up over the browser tests' clicks
   echo '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' \
