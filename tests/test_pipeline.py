@@ -73,6 +73,15 @@ history = model.fit(xb, yb, batch_size=128, epochs=1)
     assert "pipeline split (--split auto, balanced by measured time): cut after big_2" in reply.stdout
 
 
+def local_then_pipeline(kernel, cell: str, options: str) -> None:
+    """`cell` under local (its weights and History kept as ref_w and ref_hist), then under pipeline with
+    `options` (its --seed the local run's too)."""
+    seed = options.split("--seed ")[1].split()[0]
+    kernel.run(f"%%distribute --strategy local --seed {seed}\n" + cell, timeout=180).check()
+    kernel.run("ref_w, ref_hist = model.get_weights(), history.history").check()
+    kernel.run(f"%%distribute --strategy pipeline {options}\n" + cell, timeout=240).check()
+
+
 SKIP_CELL = '''
 inputs = keras.Input((28, 28, 1))
 flat = keras.layers.Flatten(name="flat")(inputs)
@@ -80,7 +89,7 @@ hidden = keras.layers.Dense(16, activation="relu", name="hidden")(flat)
 joined = keras.layers.Concatenate(name="join")([flat, hidden])
 model = keras.Model(inputs, keras.layers.Dense(10, activation="softmax", name="head")(joined))
 model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="sparse_categorical_crossentropy")
-model.fit(x, y, batch_size=40, epochs=1, steps_per_epoch=10, shuffle=False)
+history = model.fit(x, y, batch_size=40, epochs=1, steps_per_epoch=10, shuffle=False)
 '''
 
 
@@ -88,11 +97,8 @@ def test_a_skip_connection_crosses_its_cut_with_the_activations_and_the_run_equa
     """The cut after 'hidden' is crossed by two tensors ('flat''s output, which the Concatenate takes, and
     'hidden''s): the first stage sends both per micro-batch, the second sends both gradients back."""
     idle_engines(cluster, 2)
-    kernel.run("%%distribute --strategy local --seed 3\n" + SKIP_CELL, timeout=180).check()
-    kernel.run("skip_local = model.get_weights()").check()
-    kernel.run("%%distribute --strategy pipeline --stages 2 --microbatches 2 --split hidden --seed 3\n" + SKIP_CELL,
-               timeout=180).check()
-    assert kernel.value(DIFF.format("skip_local", "model.get_weights()")) <= 1e-5
+    local_then_pipeline(kernel, SKIP_CELL, "--stages 2 --microbatches 2 --split hidden --seed 3")
+    assert kernel.value(DIFF.format("ref_w", "model.get_weights()")) <= 1e-5
 
 
 STREAM_CELL = '''
@@ -110,12 +116,9 @@ def test_a_tf_data_pipeline_is_read_by_the_first_stage_and_the_run_equals_one_en
     """The first stage reads each batch of the cell's `tf.data` pipeline and hands its targets down; the 3 stages
     run the 10 steps its cardinality gives, and the run (weights, History with validation) equals one engine's."""
     idle_engines(cluster, 3)
-    kernel.run("%%distribute --strategy local --seed 5\n" + STREAM_CELL, timeout=180).check()
-    kernel.run("stream_w, stream_hist = model.get_weights(), history.history").check()
-    kernel.run("%%distribute --strategy pipeline --stages 3 --microbatches 2 --seed 5\n" + STREAM_CELL,
-               timeout=240).check()
-    assert kernel.value(DIFF.format("stream_w", "model.get_weights()")) <= 1e-5
-    result = kernel.value("{'hist': history.history, 'local': stream_hist}")
+    local_then_pipeline(kernel, STREAM_CELL, "--stages 3 --microbatches 2 --seed 5")
+    assert kernel.value(DIFF.format("ref_w", "model.get_weights()")) <= 1e-5
+    result = kernel.value("{'hist': history.history, 'local': ref_hist}")
     assert result["hist"].keys() == result["local"].keys() and len(result["hist"]["val_loss"]) == 2
     for key, values in result["local"].items():
         assert result["hist"][key] == pytest.approx(values, abs=1e-5), key

@@ -21,7 +21,7 @@ from .. import structures
 from ..empty_weights import variable_bytes
 from . import schedule as schedules
 from .replicas import METRICS, RGRAD, Position, summed
-from .streams import leaves, packed, skeleton
+from .streams import packed, skeleton
 
 ACT, GRAD, LOGS, BATCH, SAVE = "act", "grad", "logs", "batch", "save"
 COMPILED_STEP_BYTES = 64 << 20  # a stage's trainable bytes up to which its optimizer step is compiled
@@ -157,7 +157,7 @@ class StageSteps:
             batch = {"x": None, **labels}
         if not position.last:
             self.links.send(position.down, BATCH, self.step_id, 0, arrays={
-                f"l{j}": np.asarray(leaf) for j, leaf in enumerate(leaves(labels))}, n=n, shape=skeleton(labels))
+                f"l{j}": np.asarray(leaf) for j, leaf in enumerate(structures.flatten(labels))}, n=n, shape=skeleton(labels))
         return np.arange(n), batch
 
     def train(self, model, data):

@@ -82,7 +82,8 @@ class Stream:
 
 
 def skeleton(value):
-    """`value`'s nest with each leaf replaced by its number in `leaves(value)` (JSON: tuples become lists)."""
+    """`value`'s nest with each leaf replaced by its number in `structures.flatten(value)` (JSON: tuples become
+    lists)."""
     counter = iter(range(1 << 30))
 
     def walk(v):
@@ -95,17 +96,6 @@ def skeleton(value):
         return next(counter)
 
     return walk(value)
-
-
-def leaves(value) -> list:
-    """`value`'s leaves in `skeleton`'s order."""
-    if value is None:
-        return []
-    if isinstance(value, dict):
-        return [leaf for k in sorted(value) for leaf in leaves(value[k])]
-    if isinstance(value, (list, tuple)):
-        return [leaf for item in value for leaf in leaves(item)]
-    return [value]
 
 
 def packed(shape, arrays: list):
