@@ -127,6 +127,46 @@ def test_a_tf_data_pipeline_is_read_by_the_first_stage_and_the_run_equals_one_en
     assert reply.ename == "OptionError" and "pass steps_per_epoch=N to fit" in reply.evalue, reply.error_text
 
 
+BERT = '''
+import keras_hub
+_rng = np.random.RandomState(0)
+bert_x = {"token_ids": _rng.randint(1, 200, (640, 16)).astype("int32"),
+          "segment_ids": np.zeros((640, 16), "int32"), "padding_mask": np.ones((640, 16), "int32")}
+bert_y = _rng.randint(0, 2, 640)
+def bert():  # KerasHub's backbone from its config (no preset download), without dropout, a head on its pooled output
+    backbone = keras_hub.models.BertBackbone(vocabulary_size=200, num_layers=2, num_heads=4, hidden_dim=64,
+                                             intermediate_dim=128, max_sequence_length=16, dropout=0.0)
+    inputs = {name: keras.Input((16,), dtype="int32", name=name) for name in bert_x}
+    return keras.Model(inputs, keras.layers.Dense(2, activation="softmax", name="head")(
+        backbone(inputs)["pooled_output"]))
+'''
+BERT_CELL = '''
+model = bert()  # (SGD: Adam's normalised step turns float rounding in a near-zero gradient into a whole step)
+model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="sparse_categorical_crossentropy")
+history = model.fit(bert_x, bert_y, batch_size=32, epochs=1, steps_per_epoch=20, shuffle=False)
+'''
+
+
+@pytest.mark.parametrize("line", ["--strategy pipeline --stages 2", "--strategy tensor --workers 2"])
+def test_a_kerashub_bert_classifier_equals_one_engine_after_20_steps(kernel, cluster, line):
+    """KerasHub's BertBackbone nested in a classifier, fed a dict: `pipeline` cuts inside the backbone (the padding
+    mask crossing the cut beside the activations), `tensor` splits its attention by heads and its feed-forward
+    layers where they sit; weights and momentum slots equal one engine's after 20 steps."""
+    idle_engines(cluster, 2)
+    kernel.run(BERT, timeout=120).check()
+    kernel.run("%%distribute --strategy local --seed 7\n" + BERT_CELL, timeout=180).check()
+    kernel.run("bert_w, bert_opt = model.get_weights(), [v.numpy() for v in model.optimizer.variables]").check()
+    kernel.run(f"%%distribute {line} --seed 7\n" + BERT_CELL, timeout=240).check()
+    assert kernel.value(DIFF.format("bert_w", "model.get_weights()")) <= 1e-5
+    assert kernel.value(DIFF.format("bert_opt", "[v.numpy() for v in model.optimizer.variables]")) <= 1e-5
+    if "tensor" in line:
+        kinds = kernel.value("{e['name'].split('/')[-1]: e['kind'] for e in nbdist.last_run.plan['layers']}")
+        assert kinds["self_attention_layer"] == "heads" and kinds["feedforward_intermediate_dense"] == "column"
+    else:
+        cut = kernel.value("nbdist.last_run.plan['cuts']")
+        assert cut and cut[0] not in ("head",), cut  # (a cut inside the backbone: the classifier has no other)
+
+
 def test_a_killed_stage_engine_fails_the_run_by_name_and_the_cluster_serves_the_next_cell(kernel, cluster):
     first = idle_engines(cluster, 1)[0]
     victim, pid = new_engine(cluster)

@@ -134,12 +134,14 @@ history = model.fit(tx, ty, batch_size=32, epochs=1, steps_per_epoch=20, shuffle
 '''
 
 
-@pytest.mark.parametrize("build, split", [
-    ("Tower", {"up": "column", "attend": "heads", "down": "column", "out": "replicated"}),
-    ("backboned", {"backbone/b1": "column", "backbone/b2": "row", "head": "replicated"}),
+@pytest.mark.parametrize("build, split, held", [
+    ("Tower", {"up": "column", "attend": "heads", "down": "column", "out": "replicated"},
+     {0: [[64, 64], [64]], 2: [[128, 64], [64]]}),  # up's and down's halves (layers in attribute order)
+    ("backboned", {"backbone/b1": "column", "backbone/b2": "row", "head": "replicated"},
+     {1: [[64, 64], [64], [64, 128], [128]]}),  # b1's columns, b2's rows (its bias whole)
 ])
 def test_subclassed_and_nested_models_split_where_their_layers_sit_and_equal_local_with_the_cells_own_loss(
-        kernel, cluster, build, split):
+        kernel, cluster, build, split, held):
     engines = idle_engines(cluster, 2)
     kernel.run("%%distribute define --name as_written\n" + AS_WRITTEN, timeout=120).check()
     cell = AS_WRITTEN_CELL.format(build=build)
@@ -154,6 +156,8 @@ def test_subclassed_and_nested_models_split_where_their_layers_sit_and_equal_loc
     assert kernel.value(DIFF.format(what="weights", expr="model.get_weights()")) <= 1e-5
     assert kernel.value(DIFF.format(what="slots", expr="model.optimizer.variables")) <= 1e-5
     assert kernel.value("abs(history.history['loss'][0] - local_loss[0])") <= 1e-5
+    for shapes in kernel.value("[r[-1].timings['tensor']['shapes'] for r in nbdist.last_run.results.values()]"):
+        assert {i: shapes[i] for i in held} == held  # each engine holds its half of every split kernel
 
 
 PROBE = '''
