@@ -49,7 +49,7 @@ class TensorWorker(HfdtWorker):
         model = request.model
         refuse_second_fit(model, "tensor")
         refuse_unservable_savers(request.callbacks, "tensor")
-        hvd = self._init_horovod()
+        hvd, undo = self._init_horovod(), None
         links = self.config["parts"]
         desk = DeskClient(links["desk"], bytes.fromhex(links["key"]), hvd.rank(),
                           f"tensor rank {hvd.rank()} (engine {links['engines'][hvd.rank()]})")
@@ -61,7 +61,7 @@ class TensorWorker(HfdtWorker):
             axes = weight_axes(plan, model)
             values, slots, from_notebook = self._own_values(hvd, desk, model, axes)
             release(model)  # (this engine's copy: the slices above are all it trains with)
-            split_in_place(model, plan, hvd.rank(), hvd.size(), values)
+            undo = split_in_place(model, plan, hvd.rank(), hvd.size(), values)
             del values
             load_slots(model.optimizer, model.trainable_variables, slots)
             model.save_weights = model.save = checkpoint_writer(hvd, model, axes)
@@ -82,6 +82,8 @@ class TensorWorker(HfdtWorker):
             self._hand_in(desk, hvd.rank(), model, axes)
             return history
         finally:
+            if undo is not None:
+                undo()  # (whole-shaped again, its values released: the cell's code after fit reads its shapes)
             hvd.shutdown()
 
     @staticmethod

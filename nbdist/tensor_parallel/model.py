@@ -23,11 +23,13 @@ from .plan import einsum_split, leaf_layers, split_axes
 TAG_PREFIX = "nbdist_tp_"  # the names of the split layers' collectives
 
 
-def split_in_place(model, plan: list[dict], rank: int, size: int, values: list) -> None:
+def split_in_place(model, plan: list[dict], rank: int, size: int, values: list):
     """Make `model` this engine's share, where each layer sits: every split layer computes on this engine's slices
     (`layers.split_class`), its variables replaced by slices holding `values` (this engine's slice of each of
     `model.weights`, in their order, which stays); every other variable takes its whole value. The model keeps
-    its graph or `call`, its compile (the cell's own losses and metrics) and its optimizer, not yet built."""
+    its graph or `call`, its compile (the cell's own losses and metrics) and its optimizer, not yet built.
+    Returns what makes it whole-shaped again after the fit (`undo()`: its own classes and its earlier variables,
+    released), so the cell's code after `fit` on the engine sees the model's shapes."""
     from .layers import split_class  # defines Keras layers: imported here, so nbdist never imports TensorFlow early
 
     axes = weight_axes(plan, model)
@@ -38,6 +40,8 @@ def split_in_place(model, plan: list[dict], rank: int, size: int, values: list) 
         else:
             replacement[id(variable)] = _variable_like(variable, values[i])
         values[i] = None
+    originals = {id(new): old for old in model.weights if id(old) in replacement
+                 for new in [replacement[id(old)]]}
     for owner in model._flatten_layers(include_self=True, recursive=True):
         _replace_variables(owner, replacement)
     for i, ((_, layer, _), entry) in enumerate(zip(leaf_layers(model), plan)):
@@ -60,8 +64,22 @@ def split_in_place(model, plan: list[dict], rank: int, size: int, values: list) 
         object.__setattr__(layer, "__class__", split_class(type(layer), kind))
     finalize_states(model)  # (an adapted Normalization's statistics)
     model.jit_compile = False  # XLA cannot compile Horovod's ops
-    # a fit on this engine before (another strategy's) left functions traced over, and an optimizer built for,
-    # the whole variables
+    _fresh_functions(model)
+
+    def undo() -> None:
+        for owner in model._flatten_layers(include_self=True, recursive=True):
+            _replace_variables(owner, originals)
+            original = getattr(type(owner), "_nbdist_original_class", None)
+            if original is not None:
+                object.__setattr__(owner, "__class__", original)
+        _fresh_functions(model)  # (the earlier variables were released before the split: no values come back)
+
+    return undo
+
+
+def _fresh_functions(model) -> None:
+    """Forget what a fit traced over, and an optimizer built for, other variables (another strategy's fit on this
+    engine before, or this share's slices after)."""
     model.train_function = model.test_function = model.predict_function = None
     if model.optimizer is not None and model.optimizer.built:
         model.optimizer = model.optimizer.__class__.from_config(model.optimizer.get_config())
