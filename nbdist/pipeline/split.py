@@ -226,6 +226,9 @@ def stage_part(chain: Chain, cut_at: list[int], stage: int):
         # a tensor crossing both of the stage's cuts passes through it (a Keras model cannot output its input)
         computed = [t for t in outputs if id(t) not in given]
         core = keras.Model(inputs, computed[0] if len(computed) == 1 else computed, name=f"pipeline_part_{stage}")
+        # numbered as the core lines its inputs up (the model's inputs: a dict's entries by name; a later stage's:
+        # the crossing tensors in order, which Keras clones)
+        given = {id(t): j for j, t in enumerate(core.inputs if stage == 0 else keras.tree.flatten(inputs))}
         return PassingThrough(core, [("given", given[id(t)]) if id(t) in given else ("computed", computed.index(t))
                                      for t in outputs])
     except ValueError as exc:  # a graph Keras cannot cut there: say which cut, and what to do, not Keras' words
@@ -248,7 +251,7 @@ def PassingThrough(core, sources: list[tuple[str, int]]):  # noqa: N802 - made o
             self.built = True
 
         def call(self, inputs, training=False):
-            given = keras.tree.flatten(inputs)
+            given = self.core._standardize_inputs(inputs)  # (in `core.inputs`' order, a dict's entries by name)
             computed = self.core(inputs, training=training)
             computed = list(computed) if isinstance(computed, (list, tuple)) else [computed]
             return [given[j] if kind == "given" else computed[j] for kind, j in sources]
