@@ -102,8 +102,9 @@ def leaf_layers(model) -> list[tuple[str, object, object]]:
             if id(layer) in seen:
                 continue
             seen.add(id(layer))
-            if isinstance(layer, _FAMILIES(keras)) or not list(layer._flatten_layers(include_self=False,
-                                                                                      recursive=False)):
+            called_again = len(getattr(layer, "_inbound_nodes", [])) > 1  # (a siamese tower: planned whole)
+            if called_again or isinstance(layer, _FAMILIES(keras)) or not list(
+                    layer._flatten_layers(include_self=False, recursive=False)):
                 leaves.append((f"{prefix}{layer.name}", layer, container))
             else:
                 walk(layer, f"{prefix}{layer.name}/")
@@ -219,6 +220,8 @@ def _why_not_in_place(layer, cls: str, shared: set[int]) -> str | None:
     import keras
 
     base = getattr(keras.layers, cls)
+    if len(getattr(layer, "_inbound_nodes", [])) > 1:
+        return "it is called more than once in a step (each call's collectives would share its names)"
     if any(id(w) in shared for w in layer.weights):
         return "its weights are tied to another layer's"
     if getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None):
