@@ -146,6 +146,24 @@ def release(model, keep=()) -> None:
     engine the notebook's model again, and a second fit in the same cell is refused (`refuse_second_fit`)."""
     free_values(model, keep)
     model._nbdist_released = True
+    _filled_on_load(model)
+
+
+def _filled_on_load(model) -> None:
+    """The cell's code after `fit` runs on this engine too, and may load a checkpoint into the released copy
+    (keras-io's ViT: `model.load_weights(best)`, then `evaluate`): its emptied variables and optimizer slots are
+    given values first, the whole model's, as the cell asks of every copy it runs on."""
+    if "load_weights" in vars(model):
+        return
+    original = model.load_weights
+
+    def load_weights(*args, **kwargs):
+        optimizer = getattr(model, "optimizer", None)
+        for variable in [*model.weights, *(optimizer.variables if getattr(optimizer, "built", False) else [])]:
+            fill(variable)  # (a variable that holds a value keeps it)
+        return original(*args, **kwargs)
+
+    model.load_weights = load_weights
 
 
 def free_values(model, keep=()) -> None:

@@ -1,14 +1,15 @@
 """Checkpoints of a model no engine holds whole, in Keras' own formats, so that the notebook's `load_weights` (or
 any host's) reads them:
 
-- `pipeline` (`write_part`): each stage writes its layers' values and its optimizer slots to its own file,
+- `pipeline` with its weights kept on the engines (`write_part`): each stage writes its layers' values and its
+  optimizer slots to its own file,
   `<name>_<stage>.weights.h5`, and the last stage the index `<name>.weights.json` that maps every group of the
   whole model to the files holding it (Keras' sharded format: `model.load_weights("<name>.weights.json")`);
 - `tensor` (`write_gathered`): every layer is split across all ranks, so the ranks gather one variable at a
   time (no engine ever holds more than one whole variable) and rank 0 writes the plain `<name>.weights.h5`, or
   the whole model's `<name>.keras` (its configuration and its weights, as `model.save` writes it);
-- `pipeline`'s whole-model save (a ModelCheckpoint without `save_weights_only`): the stages relay their parts to
-  the last stage, which writes the `.keras` file with `write_gathered`, holding the whole model while it writes.
+- `pipeline`'s other saves (a ModelCheckpoint's `.keras` or `.weights.h5`): the stages relay their parts to the
+  last stage, which writes the file with `write_gathered`, holding the whole model while it writes.
 
 Every engine walks the whole model (its layer graph exists on every engine, the variables without values where
 another engine owns them) with Keras' own saving walk, so the paths are Keras'. The optimizer's variables are

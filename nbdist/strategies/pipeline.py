@@ -116,17 +116,21 @@ class PipelineWorker(Worker):
 
     def _own_checkpoints(self, model, chain, plan, stage) -> None:
         """What this stage owns of the whole model, and what a save of it writes (the first pipeline's stages
-        write their parts of a sharded checkpoint; the other replicas, equal, nothing)."""
+        relay their parts to the last, which writes the file the cell named; with `--keep-weights engines`, a model
+        too large to gather, each writes its part of a sharded checkpoint; the other replicas, equal, nothing)."""
         self.ownership = Ownership.of_parts(splits.stage_ranges(chain, plan["cut_at"]), self.position.stage,
                                             keeper=self.position.stages - 1, optimizer=stage.optimizer,
                                             own_trainable_index=self.layout["trainable_index"])
+        sharded = self.config.get("keep") == "engines"
         stage.checkpoint = (lambda path: None) if self.position.replica else (
-            lambda path: write_part(model, path, self.ownership))
+            (lambda path: write_part(model, path, self.ownership)) if sharded else
+            (lambda path: self._save_whole(model, path)))
         stage.whole_checkpoint = (lambda path: None) if self.position.replica else (
             lambda path: self._save_whole(model, path))
 
     def _save_whole(self, model, path) -> None:
-        """A whole-model save (a ModelCheckpoint's `model.save` to a .keras path), on every stage of the first
+        """A whole-model save (a ModelCheckpoint's `model.save` to a .keras path, or its `save_weights` to a
+        .weights.h5 one), on every stage of the first
         pipeline at the same step: each stage adds its variables and its optimizer variables (by their numbers in
         the whole model's) to what the stage before sent and hands it down; the last stage writes the whole
         model's .keras file as Keras' `model.save` does, holding every stage's values while it writes."""
@@ -193,7 +197,9 @@ class PipelineWorker(Worker):
         kept, changes = callbacks.for_rank(request.callbacks, 0 if self.keeps_callbacks else self.rank + 1, self.size)
         kept = with_checkpoints(request.callbacks, kept)
         callbacks.set_monitor_directions(kept, request.model)  # a stage before the last compiles no metric
-        self.files_written = [sharded_note(w) for w in callbacks.files_written(kept)] if self.keeps_callbacks else []
+        sharded = self.config.get("keep") == "engines"
+        self.files_written = ([sharded_note(w) if sharded else w for w in callbacks.files_written(kept)]
+                              if self.keeps_callbacks else [])
         return kept, changes
 
     def _plan(self, chain, arrays, request) -> dict:
