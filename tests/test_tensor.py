@@ -160,6 +160,59 @@ def test_subclassed_and_nested_models_split_where_their_layers_sit_and_equal_loc
         assert {i: shapes[i] for i in held} == held  # each engine holds its half of every split kernel
 
 
+DUEL = '''
+class Duel(keras.Model):  # keras-io's DCGAN in small: its own train_step applies two optimizers of its own
+    def __init__(self):
+        super().__init__()
+        self.discriminator = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu", name="d1"),
+                                               keras.layers.Dense(1, activation="sigmoid", name="d2")],
+                                              name="discriminator")
+        self.generator = keras.Sequential([keras.Input((16,)), keras.layers.Dense(128, activation="relu", name="g1"),
+                                           keras.layers.Dense(64, name="g2")], name="generator")
+
+    def compile(self, d_optimizer, g_optimizer, loss_fn):
+        super().compile()
+        self.d_optimizer, self.g_optimizer, self.loss_fn = d_optimizer, g_optimizer, loss_fn
+
+    def train_step(self, real):
+        latent = real[:, :16] * 2.0 - 1.0  # (drawn from the batch: the run is deterministic, so it can equal local)
+        fake = self.generator(latent)
+        with tf.GradientTape() as tape:
+            scores = self.discriminator(keras.ops.concatenate([fake, real], 0))
+            labels = keras.ops.concatenate([keras.ops.ones((16, 1)), keras.ops.zeros((16, 1))], 0)
+            d_loss = self.loss_fn(labels, scores)
+        grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+        self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+        with tf.GradientTape() as tape:
+            g_loss = self.loss_fn(keras.ops.zeros((16, 1)), self.discriminator(self.generator(latent)))
+        grads = tape.gradient(g_loss, self.generator.trainable_weights)
+        self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights))
+        return {"d_loss": d_loss, "g_loss": g_loss}
+'''
+DUEL_CELL = '''
+duel = Duel()
+duel.compile(keras.optimizers.SGD(0.05, momentum=0.9), keras.optimizers.SGD(0.05, momentum=0.9),
+             keras.losses.BinaryCrossentropy())
+history = duel.fit(tx, batch_size=16, epochs=1, steps_per_epoch=20, shuffle=False)
+'''
+
+
+def test_a_train_step_applying_two_optimizers_of_its_own_splits_both_networks_and_equals_local(kernel, cluster):
+    """keras-io's DCGAN pattern: the cell's `train_step` steps a discriminator and a generator with an optimizer
+    each. Under `tensor` each optimizer updates its engine's slices in place (both networks split), and 20 steps
+    end where one engine's do: both networks' weights, both losses."""
+    engines = idle_engines(cluster, 2)
+    kernel.run("import tensorflow as tf\n" + DUEL).check()
+    kernel.run(f"%%distribute --strategy local --seed 4 --targets {engines[0]}\n" + DUEL_CELL, timeout=180).check()
+    kernel.run("local_weights = [np.asarray(w) for w in duel.get_weights()]; local_h = history.history").check()
+    kernel.run(f"%%distribute --strategy tensor --seed 4 --targets {','.join(map(str, engines))}\n" + DUEL_CELL,
+               timeout=240).check()
+    kinds = kernel.value("{e['name']: e['kind'] for e in nbdist.last_run.plan['layers'] if e['class'] != 'InputLayer'}")
+    assert kinds["discriminator/d1"] == kinds["generator/g1"] == "column", kinds
+    assert kernel.value(DIFF.format(what="weights", expr="duel.get_weights()")) <= 1e-5
+    assert kernel.value("max(abs(a - b) for k in ('d_loss', 'g_loss') for a, b in zip(local_h[k], "
+                        "history.history[k]))") <= 1e-5
+
 PROBE = '''
 import builtins
 import tensorflow as tf

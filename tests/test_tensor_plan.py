@@ -118,6 +118,22 @@ def test_a_nested_backbone_is_entered_its_layers_named_by_their_path_and_paired_
         "backbone/b1": "column", "backbone/b2": "row", "head": "replicated"}
 
 
+def test_a_tower_called_twice_is_split_inside_and_a_layer_called_twice_in_the_graph_gathers_each_call():
+    """keras-io's siamese network calls its embedding tower on both images: the tower's layers split and pair
+    inside its own graph (each call's collectives are named apart); a Dense the outer graph calls twice is never
+    a row of a pair (its calls' neighbours may differ): it gathers each call's output."""
+    tower_in = keras.Input((64,))
+    tower = keras.Model(tower_in, keras.layers.Dense(128, name="t2", activation="relu")(
+        keras.layers.Dense(128, activation="relu", name="t1")(tower_in)), name="tower")
+    shared = keras.layers.Dense(128, activation="relu", name="shared")
+    left, right = keras.Input((64,)), keras.Input((64,))
+    joined = keras.layers.Concatenate(name="joined")([shared(tower(left)), shared(tower(right))])
+    model = keras.Model([left, right], keras.layers.Dense(10, name="head")(joined))
+    plan = {e["name"]: e for e in plan_splits(model, 2, "t1,t2,shared") if e["class"] != "InputLayer"}
+    assert {name: e["kind"] for name, e in plan.items()} == {
+        "tower/t1": "column", "tower/t2": "row", "shared": "column", "joined": "replicated", "head": "replicated"}
+    assert plan["shared"]["gathers"] and not plan["tower/t1"]["gathers"]
+
 def test_a_library_subclass_with_its_own_call_or_tied_weights_is_replicated_with_the_reason():
     class Scaled(keras.layers.Dense):  # a library's layer computing something else than Dense's call
         def call(self, x):

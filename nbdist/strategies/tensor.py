@@ -45,7 +45,6 @@ class TensorWorker(HfdtWorker):
     fits = 0
 
     def fit(self, request):
-        self.refuse_other_optimizers(request)
         model = request.model
         refuse_second_fit(model, "tensor")
         refuse_unservable_savers(request.callbacks, "tensor")
@@ -84,6 +83,8 @@ class TensorWorker(HfdtWorker):
         finally:
             if undo is not None:
                 undo()  # (whole-shaped again, its values released: the cell's code after fit reads its shapes)
+            for saver in ("save_weights", "save"):
+                vars(model).pop(saver, None)  # (the gathering writers: Horovod's job ends here)
             hvd.shutdown()
 
     @staticmethod

@@ -11,7 +11,10 @@ row-split Dense multiplies its slice of the input by its rows of the kernel; `re
 the partial products (forward: allreduce; backward: identity). `from_replicated` marks the input
 of a split layer (forward: identity; backward: the sum of every engine's partial input gradient).
 Each collective has a fixed name (`tag`), outside TensorFlow's name scope: Horovod matches tensors across
-engines by name, and the scope (``sequential_3/...``) counts the models an engine built before.
+engines by name, and the scope (``sequential_3/...``) counts the models an engine built before. A layer called more
+than once in a step (a GAN's generator, in its discriminator's step and its own) names each call's collectives
+apart by the call's number (`call_tag`): every engine runs the same code on the same batch, so its calls come in
+the same order, and two calls in flight at once never share a name.
 """
 
 from __future__ import annotations
@@ -23,6 +26,12 @@ def _hvd():
     import horovod.tensorflow as hvd
 
     return hvd
+
+
+def call_tag(layer) -> str:
+    """The names of this call's collectives: the layer's tag and the number of its call on this engine."""
+    object.__setattr__(layer, "_nbdist_calls", layer._nbdist_calls + 1)
+    return f"{layer._nbdist_split['tag']}_{layer._nbdist_calls}"
 
 
 def gather_last(x, tag: str, axis: int = -1):
@@ -85,12 +94,12 @@ class _Column:
     gathered (or, handed on to a row-split Dense, kept local), then activated."""
 
     def call(self, inputs, training=None):
-        split = self._nbdist_split
-        y = keras.ops.matmul(from_replicated(inputs, split["tag"]), self.kernel)
+        split, tag = self._nbdist_split, call_tag(self)
+        y = keras.ops.matmul(from_replicated(inputs, tag), self.kernel)
         if self.bias is not None:
             y = keras.ops.add(y, self.bias)
         if split["gathers"]:
-            y = gather_last(y, split["tag"])
+            y = gather_last(y, tag)
         return self.activation(y) if self.activation is not None else y
 
     def compute_output_shape(self, input_shape):
@@ -103,7 +112,7 @@ class _Row:
     products summed over the engines, then the (whole) bias added once."""
 
     def call(self, inputs, training=None):
-        y = reduce_sum(keras.ops.matmul(inputs, self.kernel), self._nbdist_split["tag"])
+        y = reduce_sum(keras.ops.matmul(inputs, self.kernel), call_tag(self))
         if self.bias is not None:
             y = keras.ops.add(y, self.bias)
         return self.activation(y) if self.activation is not None else y
@@ -115,7 +124,7 @@ class _Embedding:
     def call(self, inputs):
         if inputs.dtype not in ("int32", "int64"):
             inputs = keras.ops.cast(inputs, "int32")
-        y = gather_last(keras.ops.take(self.embeddings, inputs, axis=0), self._nbdist_split["tag"])
+        y = gather_last(keras.ops.take(self.embeddings, inputs, axis=0), call_tag(self))
         return keras.ops.cast(y, dtype=self.compute_dtype)
 
 
@@ -123,7 +132,7 @@ class _Conv:
     """A `Conv2D` (channels-last) holding `filters / size` of its filters."""
 
     def call(self, inputs):
-        tag = self._nbdist_split["tag"]
+        tag = call_tag(self)
         y = self.convolution_op(from_replicated(inputs, tag), self.kernel)
         if self.use_bias:
             y = keras.ops.add(y, self.bias)
@@ -137,12 +146,12 @@ class _Einsum:
     a bias that does not vary along it is added after the gather, on every engine alike."""
 
     def call(self, inputs, training=None):
-        split = self._nbdist_split
-        y = keras.ops.einsum(self.equation, from_replicated(inputs, split["tag"]), self.kernel)
+        split, tag = self._nbdist_split, call_tag(self)
+        y = keras.ops.einsum(self.equation, from_replicated(inputs, tag), self.kernel)
         bias_split = split["bias_axis"] is not None
         if self.bias is not None and bias_split:
             y = keras.ops.add(y, self.bias)
-        y = gather_last(y, split["tag"], split["output_axis"])
+        y = gather_last(y, tag, split["output_axis"])
         if self.bias is not None and not bias_split:
             y = keras.ops.add(y, self.bias)
         return self.activation(y) if self.activation is not None else y
@@ -153,7 +162,7 @@ class _Heads:
     (the attention of those heads is computed as Keras computes it); its input's gradient summed over the engines."""
 
     def call(self, inputs, training=None):
-        y = keras.ops.einsum(self.equation, from_replicated(inputs, self._nbdist_split["tag"]), self.kernel)
+        y = keras.ops.einsum(self.equation, from_replicated(inputs, call_tag(self)), self.kernel)
         return keras.ops.add(y, self.bias) if self.bias is not None else y
 
 
@@ -162,7 +171,7 @@ class _SummedProjection:
     (Megatron-LM's row split), then its bias added once."""
 
     def call(self, inputs, training=None):
-        y = reduce_sum(keras.ops.einsum(self.equation, inputs, self.kernel), self._nbdist_split["tag"])
+        y = reduce_sum(keras.ops.einsum(self.equation, inputs, self.kernel), call_tag(self))
         return keras.ops.add(y, self.bias) if self.bias is not None else y
 
 

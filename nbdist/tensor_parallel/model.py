@@ -87,6 +87,7 @@ def _fresh_functions(model) -> None:
 
 def _mark(layer, split: dict) -> None:
     object.__setattr__(layer, "_nbdist_split", split)  # (past Keras' tracking of attributes)
+    object.__setattr__(layer, "_nbdist_calls", 0)  # (its calls counted from this split on, alike on every engine)
 
 
 def _variable_like(variable, value):

@@ -90,7 +90,8 @@ def leaf_layers(model) -> list[tuple[str, object, object]]:
     """Every layer `tensor` plans for, where it sits in `model`'s layer tree, in a fixed order: (its name, with the
     names of the models or layers holding it, "backbone/dense"; the layer; the layer or model holding it). A
     splittable layer (Dense, EinsumDense, MultiHeadAttention, Embedding, Conv2D, or a library's subclass) is a
-    leaf; a nested model or a layer holding layers is entered; a layer reached twice is planned once."""
+    leaf; a nested model or a layer holding layers is entered (also one called more than once, a siamese tower:
+    each call's collectives are named apart, `layers.call_tag`); a layer reached twice is planned once."""
     import keras
 
     leaves, seen = [], set()
@@ -102,8 +103,7 @@ def leaf_layers(model) -> list[tuple[str, object, object]]:
             if id(layer) in seen:
                 continue
             seen.add(id(layer))
-            called_again = len(getattr(layer, "_inbound_nodes", [])) > 1  # (a siamese tower: planned whole)
-            if called_again or isinstance(layer, _FAMILIES(keras)) or not list(
+            if isinstance(layer, _FAMILIES(keras)) or not list(
                     layer._flatten_layers(include_self=False, recursive=False)):
                 leaves.append((f"{prefix}{layer.name}", layer, container))
             else:
@@ -220,8 +220,6 @@ def _why_not_in_place(layer, cls: str, shared: set[int]) -> str | None:
     import keras
 
     base = getattr(keras.layers, cls)
-    if len(getattr(layer, "_inbound_nodes", [])) > 1:
-        return "it is called more than once in a step (each call's collectives would share its names)"
     if any(id(w) in shared for w in layer.weights):
         return "its weights are tied to another layer's"
     if getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None):

@@ -197,9 +197,9 @@ OUTCOMES = {
     "local": Trains(),
     "hfdt": Trains(),  # every optimizer's gradients averaged across ranks
     "nfdt": Trains(),  # each optimizer a table of its own on the parameter server, updated by its own rule
-    # two optimizers stepped by the cell's own train_step: model parallelism splits model.optimizer's step alone
     "pipeline": Refused("also applies d_optimizer, g_optimizer (optimizers of its own)"),
-    "tensor": Refused("also applies d_optimizer, g_optimizer (optimizers of its own)"),
+    # each engine's two optimizers step its slices of the split convolutions (and the replicated rest) in place
+    "tensor": Trains(),
 }
 MODEL = "gan"
 
