@@ -250,9 +250,11 @@ def check(notebook, strategy):
     assert len(accuracy) == 4, accuracy
     x_val = "x_train[int(len(x_train) * 0.9):], y_train[int(len(x_train) * 0.9):]"  # (validation_split=0.1: the last tenth)
     best = notebook.value(f"float(vit_classifier.evaluate({x_val}, verbose=0)[1])")
-    # (the data-parallel strategies validate on equal shards of the 205 images: 204 of them, one image's worth)
-    assert best == pytest.approx(max(accuracy), abs=1e-6 if strategy in ("local", "pipeline", "tensor") else 0.006), \
-        (best, accuracy)
+    # (hfdt validates on equal shards of the 205 images: 204 of them, one image's worth. nfdt's val_accuracy joins
+    # both asynchronous workers' validations, each of its shard on its own copy, while the checkpoint is rank 0's: they
+    # differed by 0.002 and 0.007 in two runs; four images' worth is allowed)
+    tolerance = {"hfdt": 0.006, "nfdt": 0.02}.get(strategy, 1e-6)
+    assert best == pytest.approx(max(accuracy), abs=tolerance), (best, accuracy)
     test_accuracy = notebook.value(EVALUATED)[1]
     assert test_accuracy > (0.25 if strategy == "nfdt" else 0.35), f"test accuracy {test_accuracy:.3f} under {strategy}"
 
