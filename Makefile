@@ -27,7 +27,7 @@ test: setup
 check: setup
 	NBDIST_PROGRESS=text $(PY) -m pytest tests -m "not cluster" -p no:cacheprovider -q --durations=10
 
-# keras-io's own examples as notebooks with no marks, under every strategy (tests/keras_io; about 12 minutes on 2
+# keras-io's own examples as notebooks with no marks, under every strategy (tests/keras_io; about 20 minutes on 2
 # cores). Every test's outcome and time to build/acceptance.xml.
 acceptance: setup
 	@mkdir -p build
