@@ -114,6 +114,11 @@ class PipelineWorker(Worker):
             control.close()
             links.close()
 
+    @property
+    def keeps_weights(self) -> bool:
+        """Whether each stage keeps its trained part on its engine (`--keep-weights engines`)."""
+        return self.config.get("keep") == "engines"
+
     def _own_checkpoints(self, model, chain, plan, stage) -> None:
         """What this stage owns of the whole model, and what a save of it writes (the first pipeline's stages
         relay their parts to the last, which writes the file the cell named; with `--keep-weights engines`, a model
@@ -121,9 +126,8 @@ class PipelineWorker(Worker):
         self.ownership = Ownership.of_parts(splits.stage_ranges(chain, plan["cut_at"]), self.position.stage,
                                             keeper=self.position.stages - 1, optimizer=stage.optimizer,
                                             own_trainable_index=self.layout["trainable_index"])
-        sharded = self.config.get("keep") == "engines"
         stage.checkpoint = (lambda path: None) if self.position.replica else (
-            (lambda path: write_part(model, path, self.ownership)) if sharded else
+            (lambda path: write_part(model, path, self.ownership)) if self.keeps_weights else
             (lambda path: self._save_whole(model, path)))
         stage.whole_checkpoint = (lambda path: None) if self.position.replica else (
             lambda path: self._save_whole(model, path))
@@ -159,7 +163,7 @@ class PipelineWorker(Worker):
 
     def _give_back(self, model, stage) -> None:
         """The trained part to the kernel, or kept here (`--keep-weights engines`)."""
-        if self.config.get("keep") == "engines":
+        if self.keeps_weights:
             self.handed_in = {"fit": self.handed_in["fit"] + 1, "kept": kept_weights.keep(
                 notebook_name(model), int(self.spec["run"]), model, stage, self.layout, self.ownership)}
         else:
@@ -197,8 +201,7 @@ class PipelineWorker(Worker):
         kept, changes = callbacks.for_rank(request.callbacks, 0 if self.keeps_callbacks else self.rank + 1, self.size)
         kept = with_checkpoints(request.callbacks, kept)
         callbacks.set_monitor_directions(kept, request.model)  # a stage before the last compiles no metric
-        sharded = self.config.get("keep") == "engines"
-        self.files_written = ([sharded_note(w) if sharded else w for w in callbacks.files_written(kept)]
+        self.files_written = ([sharded_note(w) if self.keeps_weights else w for w in callbacks.files_written(kept)]
                               if self.keeps_callbacks else [])
         return kept, changes
 
