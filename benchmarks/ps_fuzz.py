@@ -6,14 +6,18 @@ and reordered frames; the same valid push sent again (a replay); a wrong run key
 with the right key (a sender that holds it, sending junk), headers whose fields were changed
 at random (kinds, versions, workers, shapes, dtypes, tags, types). Between mutations a good
 push goes through every `--good-every` messages and must be applied. The anchor is the good
-pushes themselves: the shard's applied count must equal them exactly. Prints a table of
-rejections by reason, then:
+pushes themselves: the shard's applied count must equal them exactly. With `--same-host`
+the messages take the same-host path (a signed header over the shard's Unix socket naming
+arrays in a shared-memory segment): the buffer mutations become the ones that path can
+suffer (a segment of another prefix, a path, one that does not exist, offsets and shapes
+past the segment's end, buffer frames beside a segment). Prints a table of rejections by
+reason, then:
     RESULT ps_fuzz_applied=<mutated messages the shard applied>
     RESULT ps_fuzz_crashes=<shard crashes or hangs>
     RESULT ps_fuzz_unanswered=<mutated messages that got no answer within the timeout>
     RESULT ps_fuzz_rss_growth_mb=<shard RSS growth over the run>
 
-    .venv/bin/python benchmarks/ps_fuzz.py [--messages 10000 --seed 0]
+    .venv/bin/python benchmarks/ps_fuzz.py [--messages 10000 --seed 0] [--same-host]
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import zmq
 
-from nbdist.ps import launcher, wire
+from nbdist.ps import launcher, same_host, wire
 
 SGD = {"name": "SGD", "learning_rate": 0.01}
 VARIABLES = {"dense/kernel": np.zeros((8, 4), np.float32), "dense/bias": np.zeros(4, np.float32)}
@@ -86,6 +90,44 @@ def junk_header(header: dict, rng: random.Random) -> dict:
     return header
 
 
+def mutate_local(key: bytes, rng: random.Random, worker: int, version: int, outbox, prefix: str) -> tuple[str, list]:
+    """(mutation name, frames): one same-host message derived from a valid push of `worker` on `version`."""
+    valid = wire.encode(key, "push", grads(), outbox=outbox, worker=worker, version=version, step=0, same_host=1)
+    frames = [bytes(f) for f in valid]
+    header = json.loads(frames[0])
+    kind = rng.choice(["header_bit", "signature_bit", "truncate_frames", "duplicate_frame", "buffer_frame",
+                       "wrong_key", "segment_name", "offset", "shape", "junk_fields"])
+    if kind == "header_bit":
+        frames[0] = flip(frames[0], rng)
+    elif kind == "signature_bit":
+        frames[1] = flip(frames[1], rng)
+    elif kind == "truncate_frames":
+        frames = frames[:1]
+    elif kind == "duplicate_frame":
+        frames.insert(1, frames[rng.randrange(2)])
+    elif kind == "buffer_frame":  # signed, but a buffer beside the segment
+        frames = sign(key, header, [np.ones(4, np.float32).tobytes()])
+    elif kind == "wrong_key":
+        frames = [bytes(f) for f in wire.encode(wire.new_key(), "push", grads(), outbox=outbox, worker=worker,
+                                                version=version, same_host=1)]
+    elif kind == "segment_name":  # signed by a key holder: still only this shard's segments, by name
+        header["shm"] = rng.choice([prefix.replace(prefix.split("-")[3], "0" * 16) + "w1-x-1", "../etc/passwd",
+                                    "/dev/shm/" + header["shm"], prefix + "w9-nothere-1", header["shm"] + "/..",
+                                    "", "x" * 300, 7, None])
+        frames = sign(key, header, [])
+    elif kind == "offset":
+        spec = rng.choice(header["arrays"])
+        spec["offset"] = rng.choice([-1, 1 << 40, outbox.segment.size, outbox.segment.size - 4, 1.5, "0", None])
+        frames = sign(key, header, [])
+    elif kind == "shape":
+        spec = rng.choice(header["arrays"])
+        spec["shape"] = rng.choice([[1 << 20], [4096, 4096], [-1], [2**62, 4], [1, 2, 3, 4, 5, 6, 7, 8]])
+        frames = sign(key, header, [])
+    else:
+        frames = sign(key, junk_header(header, rng), [])
+    return kind, frames
+
+
 def mutate(key: bytes, rng: random.Random, worker: int, version: int) -> tuple[str, list]:
     """(mutation name, frames): one message derived from a valid push of `worker` computed on `version`."""
     valid = wire.encode(key, "push", grads(), worker=worker, version=version, step=0)
@@ -135,7 +177,7 @@ def count_answer(outcome: dict, name: str, reply: wire.Message | None, version: 
     return version
 
 
-def fuzz(messages: int, seed: int, good_every: int) -> dict:
+def fuzz(messages: int, seed: int, good_every: int, local: bool = False) -> dict:
     key, rng = wire.new_key(), random.Random(seed)
     info = launcher.start_shard({"shard": 0, "workers": 2, "heartbeat_timeout_s": 3600}, key, SHARD_LOG)
     context = zmq.Context()
@@ -143,22 +185,43 @@ def fuzz(messages: int, seed: int, good_every: int) -> dict:
     for socket in sockets.values():
         socket.setsockopt(zmq.LINGER, 0)
         socket.connect(f"tcp://127.0.0.1:{info['port']}")
+    inbox, outboxes, on_host = None, {}, {}
 
     def ask(worker: int, frames) -> wire.Message | None:
         socket = sockets[worker]
         socket.send_multipart(frames)
-        return wire.decode(key, socket.recv_multipart()) if socket.poll(int(ANSWER_S * 1000)) else None
+        if not socket.poll(int(ANSWER_S * 1000)):
+            return None
+        reply = wire.decode(key, socket.recv_multipart(), inbox=inbox)
+        return wire.Message(reply.header, {k: np.array(a) for k, a in reply.arrays.items()})
 
     # good pushes have a session (thread) of their own: a re-signed junk header can move its session's sequence
     good_session = ThreadPoolExecutor(1)
 
     def good_push(**fields) -> list:
-        return good_session.submit(wire.encode, key, "push", grads(), worker=0, **fields).result()
+        return good_session.submit(wire.encode, key, "push", grads(), worker=0, **on_host.get(0, {}),
+                                   **fields).result()
+
+    def mutated(version: int) -> tuple[str, list]:
+        if local:
+            return mutate_local(key, rng, 1, version, outboxes[1], route["prefix"])
+        return mutate(key, rng, 1, version)
 
     outcome: dict = {"mutations": collections.Counter(), "answers": collections.Counter(), "unanswered": 0,
                      "good": 0, "good_failed": 0, "applied": collections.Counter()}
     try:
-        ask(0, wire.encode(key, "init", VARIABLES, worker=0, optimizer=SGD, trainable=list(VARIABLES)))
+        route = ask(0, wire.encode(key, "init", VARIABLES, worker=0, optimizer=SGD, trainable=list(VARIABLES),
+                                   host=same_host.host_facts())).header.get("route")
+        if local:  # from now on over the Unix socket, the arrays in shared memory
+            if route is None:
+                raise SystemExit("the shard offered no same-host route (NBDIST_PS_SAME_HOST=0, or no /dev/shm)")
+            inbox = same_host.Inbox(route["prefix"])
+            for w, socket in sockets.items():
+                socket.close(linger=0)
+                sockets[w] = context.socket(zmq.DEALER)
+                sockets[w].connect(route["ipc"])
+                outboxes[w] = same_host.Outbox(route["prefix"], f"w{w}-fuzz")
+                on_host[w] = {"outbox": outboxes[w], "same_host": 1}
         version, rss_start = 0, rss_mb(info["pid"])
         for n in range(messages):
             if n % good_every == 0:  # the shard still serves good pushes, during and after
@@ -168,13 +231,14 @@ def fuzz(messages: int, seed: int, good_every: int) -> dict:
                 if reply is None or reply.kind != "weights" or reply.header["version"] != version + 1:
                     outcome["good_failed"] += 1
                 version = reply.header["version"] if reply is not None and reply.kind == "weights" else version
-            name, frames = ("replay", last_good) if n % 10 == 9 else mutate(key, rng, 1, version)
+            name, frames = ("replay", last_good) if n % 10 == 9 else mutated(version)
             version = count_answer(outcome, name, ask(1 if name != "replay" else 0, frames), version)
         alive = launcher.exit_code(info["pid"]) is None
         final = ask(0, good_push(version=version, step=messages)) if alive else None
         outcome["good"] += 1
         outcome["good_failed"] += final is None or final.kind != "weights"
-        state = ask(0, good_session.submit(wire.encode, key, "stats", worker="controller").result()) if alive else None
+        state = ask(0, good_session.submit(wire.encode, key, "stats", worker="controller", same_host=1).result()) \
+            if alive else None
         outcome.update(alive=alive and state is not None, rss_start=rss_start,
                        rss_end=rss_mb(info["pid"]) if alive else float("nan"),
                        stats=state.header if state is not None else {})
@@ -182,6 +246,10 @@ def fuzz(messages: int, seed: int, good_every: int) -> dict:
         good_session.shutdown()
         for socket in sockets.values():
             socket.close(linger=0)
+        for outbox in outboxes.values():
+            outbox.close()
+        if inbox is not None:
+            inbox.close()
         context.term()
         launcher.stop_shard(info["pid"])
     return outcome
@@ -192,14 +260,16 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--good-every", type=int, default=50)
+    parser.add_argument("--same-host", action="store_true", help="the same-host path (shared memory, Unix socket)")
     args = parser.parse_args()
-    out = fuzz(args.messages, args.seed, args.good_every)
+    out = fuzz(args.messages, args.seed, args.good_every, args.same_host)
     stats = out["stats"]
     applied = (stats.get("counts") or {}).get("applied", -1)
     # what holds the key and keeps the arrays valid is a push (a changed step or field the rules ignore)
     keyless = sum(n for name, n in out["applied"].items() if name != "junk_fields")
     fuzz_applied = keyless if out["alive"] else -1
-    print(f"{args.messages} mutated messages (seed {args.seed}); by mutation: {dict(out['mutations'])}")
+    print(f"{args.messages} mutated messages (seed {args.seed}, {'same-host' if args.same_host else 'TCP'} path); "
+          f"by mutation: {dict(out['mutations'])}")
     print(f"answers: {dict(out['answers'])}")
     print(f"shard rejections by reason: {stats.get('rejections')}")
     print(f"good pushes: {out['good']} sent, {out['good_failed']} not applied; shard applied {applied}; "

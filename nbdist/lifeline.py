@@ -7,7 +7,8 @@ checks every `POLL_S` that the kernel is still its parent. When the pipe closes 
 ``release`` or the kernel is gone, it stops the cluster through ipyparallel's own API
 (``Cluster.from_file(...)``, as ``ipcluster stop`` does, then `halt`: the launchers' signals
 and ``stop_cluster``, so SSH, Slurm or PBS engines are stopped by their launchers), kills the
-shard processes it was told about, and exits. For a cluster nbdist only connected to, it stops nothing: it releases the
+shard processes it was told about (and the shared-memory segments and socket directory of each:
+`nbdist.ps.same_host`), and exits. For a cluster nbdist only connected to, it stops nothing: it releases the
 engines (`namespace.release`) and exits. A normal `%dist stop` sends ``release``: the watcher
 exits without touching anything.
 
@@ -32,7 +33,7 @@ import time
 import weakref
 
 from .limits import LIMITS
-from .ps import started
+from .ps import same_host, started
 
 POLL_S = 0.2
 RECORD_GLOB = "profile_*/security/nbdist-*.json"
@@ -441,6 +442,7 @@ def watch(parent: int, cluster_file: str | None, record: str | None, release: di
         time.sleep(POLL_S)
     for pid, started in tracked.items():
         _kill(pid, started)
+        same_host.remove_leftovers(pid)  # what a shard killed before it could clean up leaves in /dev/shm
     if record:
         _remove(record)
     return "cleaned up"

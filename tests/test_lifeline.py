@@ -141,10 +141,25 @@ def test_kernel_killed_hard_takes_its_cluster_and_shards_with_it(reaper):
     pids = {p.pid for p in processes}
     assert set(shards) <= pids and watcher in pids
     assert len(processes) >= 15  # controller (9), 2 engines and their nannies, the shard, the watcher
+    # the workers and the shard speak through shared memory and a Unix socket (the same-host path)
+    wait_for(lambda: len(same_host_files(shards)) >= 4, "the workers' and the shard's segments", 60)
+    files = same_host_files(shards)
+    assert any(os.path.isdir(f) and oct(os.stat(f).st_mode & 0o777) == "0o700" for f in files), files
+    assert any(f.startswith("/dev/shm/") and "-w0-" in f for f in files), files
 
     os.kill(pid, signal.SIGKILL)  # what the OOM killer or restart_kernel(now=True) does
     left = left_after(processes)
     assert not left, f"still alive {GONE_DEADLINE_S} s after the kernel was killed: {describe(left)}"
+    assert same_host_files(shards) == [], "a segment or socket directory outlived the killed kernel's run"
+
+
+def same_host_files(shard_pids) -> list[str]:
+    """The shared-memory segments and socket directories of these shards (and their workers')."""
+    import glob
+    import tempfile
+
+    return sorted(path for pid in shard_pids for where in ("/dev/shm", tempfile.gettempdir())
+                  for path in glob.glob(os.path.join(where, f"nbdist-ps-{pid}-*")))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

@@ -7,6 +7,7 @@ least every `ps_timeout_s`, or the request fails with `PsUnavailable`.
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 
@@ -15,7 +16,7 @@ import zmq
 
 from ..errors import NbdistError
 from ..limits import LIMITS
-from . import wire
+from . import same_host, wire
 
 PING_INTERVAL_S = 0.5
 
@@ -41,13 +42,18 @@ class PsClient:
         worker: this worker's rank, or ``"controller"`` for the kernel.
         heartbeat: ping the shards from a background thread (workers: so the PS knows they
             live; everyone: so a dead PS is noticed while a request waits).
+        local: take the same-host path to a shard on this host (`nbdist.ps.same_host`; default: unless
+            ``NBDIST_PS_SAME_HOST=0``). The first request goes over TCP; a shard that finds itself on this
+            host answers with its route, and later requests use it.
     """
 
     def __init__(self, addresses: list[str], key: bytes, worker, heartbeat: bool = True,
-                 ps_timeout_s: float = LIMITS.ps_reply_s):
+                 ps_timeout_s: float = LIMITS.ps_reply_s, local: bool | None = None):
         self.addresses, self.key, self.worker, self.ps_timeout_s = list(addresses), key, worker, ps_timeout_s
         self.context = zmq.Context()
         self.sockets = [self._connect(a) for a in self.addresses]
+        self.host = same_host.host_facts() if (same_host.enabled() if local is None else local) else None
+        self.local: list[_LocalRoute | None] = [None] * len(self.addresses)  # each shard's same-host route, once known
         self.last_answer = [time.time()] * len(self.addresses)
         self.incarnation = [0] * len(self.addresses)  # each shard's, as its pongs say (a restart counts it up)
         self.bytes_sent = 0
@@ -79,8 +85,14 @@ class PsClient:
 
         def send(i: int) -> None:
             own = fields_per_shard[i] if fields_per_shard else {}
-            frames = wire.encode(self.key, kind, per_shard[i] if per_shard else None, worker=self.worker,
-                                 **fields, **own)
+            arrays, local = per_shard[i] if per_shard else None, self.local[i]
+            if local is not None:
+                frames = wire.encode(self.key, kind, arrays, outbox=local.outbox, worker=self.worker,
+                                     same_host=1, **fields, **own)
+                self.bytes_sent += sum(np.asarray(a).nbytes for a in (arrays or {}).values())
+            else:
+                route = {"host": self.host} if self.host is not None else {}
+                frames = wire.encode(self.key, kind, arrays, worker=self.worker, **route, **fields, **own)
             self.bytes_sent += sum(len(f) for f in frames)
             sent_to[i] = self.incarnation[i]
             self.sockets[i].send_multipart(frames, copy=len(frames) < 3)
@@ -99,7 +111,7 @@ class PsClient:
                 if ready.get(self.sockets[i]):
                     frames = self.sockets[i].recv_multipart(copy=False)
                     self.bytes_received += sum(len(f) for f in frames)
-                    replies[i] = wire.decode(self.key, frames)
+                    replies[i] = self._decode(i, frames)
                     self.last_answer[i] = time.time()
                     if replies[i].kind == "rejected" and replies[i].header.get("reason") == "restarting":
                         replies[i] = None  # sent before the shard died, reached its successor: resent below
@@ -108,6 +120,9 @@ class PsClient:
                     send(i)
             self._check_alive(replies)
         self.comm_s += time.time() - started
+        for i, message in replies.items():
+            if self.local[i] is None and message.header.get("route"):
+                self._go_local(i, message.header["route"])
         for i, message in replies.items():  # only once every shard answered: no reply is left queued
             if message.kind in ("rejected", "error"):
                 header = message.header
@@ -116,13 +131,41 @@ class PsClient:
                                 header.get("reason", "error"))
         return list(replies.values())
 
+    def _decode(self, i: int, frames) -> wire.Message:
+        local = self.local[i]
+        if local is None:
+            return wire.decode(self.key, frames)
+        message = wire.decode(self.key, frames, inbox=local.inbox)
+        if "shm" in message.header:  # copied out now: the shard rewrites its outbox once the next request is sent
+            message.arrays = {name: np.array(array) for name, array in message.arrays.items()}
+            self.bytes_received += sum(array.nbytes for array in message.arrays.values())
+        return message
+
+    def _go_local(self, i: int, route: dict) -> None:
+        """Ask shard `i` over its Unix socket and through shared memory from now on (it runs on this host)."""
+        if not (isinstance(route.get("ipc"), str) and route["ipc"].startswith("ipc://")
+                and isinstance(route.get("prefix"), str)):
+            return
+        self.sockets[i].close(linger=0)
+        self.sockets[i] = self._connect(route["ipc"])
+        owner = f"w{self.worker}" if isinstance(self.worker, int) else "k"
+        self.local[i] = _LocalRoute(same_host.Outbox(route["prefix"], f"{owner}-{secrets.token_hex(4)}"),
+                                    same_host.Inbox(route["prefix"]))
+
     def _reconnect(self, i: int, poller) -> None:
         """Shard `i` was restarted from a checkpoint: its successor is asked on a socket of its own, so an
-        answer to the first request (had that reached the successor too) goes nowhere."""
+        answer to the first request (had that reached the successor too) goes nowhere. Over TCP: a same-host
+        route is learnt anew, the successor's."""
         poller.unregister(self.sockets[i])
         self.sockets[i].close(linger=0)
+        self._drop_local(i)
         self.sockets[i] = self._connect(self.addresses[i])
         poller.register(self.sockets[i], zmq.POLLIN)
+
+    def _drop_local(self, i: int) -> None:
+        if self.local[i] is not None:
+            self.local[i].close()
+            self.local[i] = None
 
     def _check_alive(self, replies: dict) -> None:
         now = time.time()
@@ -160,6 +203,8 @@ class PsClient:
             self._pinger.join(timeout=2)
         for socket in self.sockets:
             socket.close(linger=0)
+        for i in range(len(self.local)):
+            self._drop_local(i)
         self.context.term()
 
     def __enter__(self):
@@ -167,6 +212,17 @@ class PsClient:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _LocalRoute:
+    """A client's same-host ends with one shard: its outbox for requests, the shard's replies it has opened."""
+
+    def __init__(self, outbox: same_host.Outbox, inbox: same_host.Inbox):
+        self.outbox, self.inbox = outbox, inbox
+
+    def close(self) -> None:
+        self.outbox.close()
+        self.inbox.close()
 
 
 def merged(replies: list[wire.Message]) -> dict[str, np.ndarray]:

@@ -244,7 +244,8 @@ class PushPull:
         self.stop_asked = self.stop_asked or any(r.header.get("stop") for r in replies)
         new = {}
         for i, reply in enumerate(replies):
-            own = {key: np.array(array) for key, array in reply.arrays.items()}  # the frames are read-only
+            own = {key: array if array.flags.writeable else np.array(array)  # received frames are read-only
+                   for key, array in reply.arrays.items()}
             new.update(self.layouts[i].views(own) if is_flat(own) else own)
         self.current = [new[name] for name in self.names]
         return self.current

@@ -11,7 +11,7 @@ import threading
 from ..errors import ClusterError
 from ..limits import LIMITS
 from ..netroute import local_ip_towards
-from . import started
+from . import same_host, started
 
 _started_here: dict[int, subprocess.Popen] = {}  # pid -> process, in whichever process called start_shard
 
@@ -55,7 +55,7 @@ def exit_code(pid: int) -> int | None:
 
 
 def stop_shard(pid: int, timeout: float = 5.0) -> None:
-    """Wait for a shard told to stop, then kill it if it did not; reap it."""
+    """Wait for a shard told to stop, then kill it if it did not; reap it, and remove what it left on this host."""
     process = _started_here.pop(pid, None)
     if process is None:
         return
@@ -64,6 +64,7 @@ def stop_shard(pid: int, timeout: float = 5.0) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout)
+    same_host.remove_leftovers(pid)
     started.stopped(pid)
 
 

@@ -1,20 +1,23 @@
 """One parameter-server shard process: ``python -m nbdist.ps.server`` with a JSON config on stdin.
 
 The per-run key comes in the config on stdin, so it never shows in a process list. The
-process binds, prints ``READY <port>``, and answers `wire` messages (`nbdist.ps.shard.Shard`
-decides the replies) until told to stop or until whoever started it is gone.
+process binds (TCP, and a Unix socket for clients on its host: `same_host`), prints
+``READY <port>``, and answers `wire` messages (`nbdist.ps.shard.Shard` decides the replies)
+until told to stop (SIGTERM included) or until whoever started it is gone; then it removes
+its same-host files.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
 import traceback
 
-from . import rules, wire
+from . import rules, same_host, wire
 from .shard import Shard
 from .tables import ShardTables
 from .zero_copy import frames as reply_frames
@@ -31,15 +34,25 @@ def serve(config: dict, key: bytes, ready=print) -> None:
     socket = context.socket(zmq.ROUTER)
     socket.setsockopt(zmq.LINGER, 1000)
     port = _bind(socket, config)
+    local = same_host.ShardEnd(socket) if same_host.enabled() and config.get("same_host", True) else None
     ready(f"READY {port}")
     parent = os.getppid()
     poller = zmq.Poller()
     poller.register(socket, zmq.POLLIN)
     replays = wire.ReplayGuard()
+    inbox = local.inbox if local is not None else None
 
-    def send(replies):
+    def send(replies, route: tuple | None = None):
+        """Send `replies`; `route`: (a client on this host that asked over TCP, how it reaches the shard here)."""
         for ident, kind, arrays, fields in replies:
-            encoded = wire.encode(key, kind, arrays, **fields)
+            outbox = local.outbox(ident, None) if local is not None else None
+            if route is not None and route[0] == ident:
+                fields = {**fields, "route": route[1]}
+            encoded = wire.encode(key, kind, arrays, outbox=outbox, **fields)
+            if outbox is not None:  # the arrays were copied into the outbox: nothing holds them any more
+                socket.send_multipart([ident, *encoded], copy=False)
+                shard.shared.sent(list((arrays or {}).values()), [None] * len(arrays or {}))
+                continue
             buffers, trackers = reply_frames(arrays, encoded[2:])
             socket.send_multipart([ident, *encoded[:2], *buffers], copy=False)
             shard.shared.sent(list((arrays or {}).values()), trackers)
@@ -47,11 +60,14 @@ def serve(config: dict, key: bytes, ready=print) -> None:
     def answer(ident: bytes, body: list, message: wire.Message | None = None):
         try:
             if message is None:
-                message = wire.decode(key, body, max_bytes=shard.max_bytes)
+                message = wire.decode(key, body, max_bytes=shard.max_bytes, inbox=inbox)
                 replays.check(message.header)
+                if local is not None:
+                    local.outbox(ident, message.header)
                 if keras_import.defers(shard.table(message), ident, body, message):
                     return
-            send(shard.handle(ident, message))
+            route = local.route(message.header) if local is not None else None
+            send(shard.handle(ident, message), (ident, route) if route else None)
         except wire.Rejected as exc:
             shard.reject(exc.reason, str(exc), _claimed_worker(body))
             send([(ident, "rejected", None, {"reason": exc.reason, "detail": str(exc)[:300]})])
@@ -63,17 +79,23 @@ def serve(config: dict, key: bytes, ready=print) -> None:
             send([(ident, "rejected", None, {"reason": "internal_error", "detail": detail})])
 
     keras_import = KerasImport()
+    terminated = []
+    signal.signal(signal.SIGTERM, lambda *_: terminated.append(True))  # the loop ends within POLL_MS, cleaning up
     try:
-        _loop(shard, socket, poller, answer, send, keras_import, parent)
+        _loop(shard, socket, poller, answer, send, keras_import, parent, local, terminated)
     finally:
         shard.log.close()
         socket.close()
         context.term()
+        if local is not None:
+            local.close()
 
 
-def _loop(shard: ShardTables, socket, poller, answer, send, keras_import: "KerasImport", parent: int) -> None:
+def _loop(shard: ShardTables, socket, poller, answer, send, keras_import: "KerasImport", parent: int,
+          local: same_host.ShardEnd | None, terminated: list) -> None:
     """Answer what arrives, then what waited for Keras, then judge silence; until told to stop or orphaned."""
-    while not shard.stopping:
+    reclaimed: set = set()
+    while not shard.stopping and not terminated:
         if poller.poll(POLL_MS):
             received = socket.recv_multipart(copy=False)
             answer(received[0].bytes, received[1:])
@@ -81,8 +103,18 @@ def _loop(shard: ShardTables, socket, poller, answer, send, keras_import: "Keras
             answer(*deferred)
         if not poller.poll(0):  # every ping that reached us is read: a shard that was itself slow drops no one
             send(shard.check_heartbeats(time.time()))
+            if local is not None:
+                _reclaim(shard, local, reclaimed)
         if os.getppid() != parent:  # whoever started us is gone: do not linger as an orphan
             break
+
+
+def _reclaim(shard: ShardTables, local: same_host.ShardEnd, reclaimed: set) -> None:
+    """A worker dropped as dead leaves no segment behind (a newcomer or a restarted one speaks anew)."""
+    for worker, state in shard.first.workers.items():
+        if not state.alive and worker not in reclaimed:
+            reclaimed.add(worker)
+            local.reclaim(worker)
 
 
 class KerasImport:

@@ -217,6 +217,7 @@ class PsService:
         started = time.time()
         self.restarts_left -= 1
         shard.incarnation += 1
+        launcher.stop_shard(shard.pid)  # reaped, and its same-host files removed
         config = {**self.settings, "shard": shard.index, "workers": self.workers, "bind": self._bind,
                   "log_path": self.push_log_path(shard.index), "port": int(shard.address.rsplit(":", 1)[1]),
                   "start_barrier": False, "incarnation": shard.incarnation}

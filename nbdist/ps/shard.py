@@ -266,7 +266,8 @@ class Shard:
                 raise wire.Rejected("malformed", f"compressed push: {exc}") from None
             wire.check_arrays(message.arrays, self.expected())
             message.arrays = self.flat_layout.read(message.arrays)
-        if message.kind == "push" and not isinstance(message.header.get("version"), int):
+        version = message.header.get("version")
+        if message.kind == "push" and (not isinstance(version, int) or isinstance(version, bool) or version < 0):
             raise wire.Rejected("malformed", "push without the version its gradient was computed on")
 
     def apply_push(self, ident: bytes, worker: int, message: wire.Message, t: float | None = None, **fields) -> list:

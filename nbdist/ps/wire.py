@@ -10,6 +10,11 @@ and a 40 MB array costs about 2 ms to authenticate (AES-NI and carry-less multip
 of SHA-256's 22 ms (a PS round trip does it four times). Nothing is ever unpickled. Receivers
 get read-only numpy views over the received frames (zero copy): copy before mutating.
 
+On one host (`same_host`) a message's buffers may instead lie in a shared-memory segment the
+header names (``shm``), each at the ``offset`` its description gives in place of a tag: the
+operating system's file permissions guard them there, and the receiver must have said that it
+accepts such a message (`decode`'s `inbox`).
+
 Every header also carries its sender's session (random, one per thread and process) and a
 sequence number that grows with each message the session sends, so a receiver that keeps
 the last number of each session (`ReplayGuard`) rejects a valid message sent again.
@@ -103,11 +108,12 @@ class ReplayGuard:
             self.last.popitem(last=False)
 
 
-def encode(key: bytes, kind: str, arrays: dict[str, np.ndarray] | None = None, **fields) -> list:
-    """Frames for one message; `fields` go into the header (JSON-serialisable values only)."""
+def encode(key: bytes, kind: str, arrays: dict[str, np.ndarray] | None = None, outbox=None, **fields) -> list:
+    """Frames for one message; `fields` go into the header (JSON-serialisable values only). With `outbox`
+    (a `same_host.Outbox`) the arrays are written there and the frames are the signed header alone."""
     nonce = secrets.token_hex(16)
     sid, seq = _next_sequence()
-    buffer_key = _buffer_key(key, nonce) if arrays else None
+    buffer_key = _buffer_key(key, nonce) if arrays and outbox is None else None
     buffers, specs = [], []
     for name, array in (arrays or {}).items():
         array = np.asarray(array)
@@ -118,16 +124,23 @@ def encode(key: bytes, kind: str, arrays: dict[str, np.ndarray] | None = None, *
             raise ValueError(f"array {name!r} has dtype {array.dtype}; the wire carries {sorted(ALLOWED_DTYPES)}")
         buffer = memoryview(array).cast("B")
         buffers.append(buffer)
-        specs.append({"name": name, "dtype": dtype, "shape": list(array.shape),
-                      "tag": _tag(buffer_key, len(specs), buffer).hex()})
+        specs.append({"name": name, "dtype": dtype, "shape": list(array.shape)})
+        if buffer_key is not None:
+            specs[-1]["tag"] = _tag(buffer_key, len(specs) - 1, buffer).hex()
+    if outbox is not None and buffers:
+        fields["shm"], offsets = outbox.place(buffers)
+        for spec, offset in zip(specs, offsets):
+            spec["offset"] = offset
+        buffers = []
     header = json.dumps({"v": VERSION, "kind": kind, "nonce": nonce, "sid": sid, "seq": seq, "arrays": specs,
                          **fields},
                         separators=(",", ":")).encode()
     return [header, hmac.new(key, header, hashlib.sha256).digest(), *buffers]
 
 
-def decode(key: bytes, frames, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
-    """Check and parse frames (bytes or zmq.Frame); raise `Rejected` with a reason otherwise."""
+def decode(key: bytes, frames, max_bytes: int = DEFAULT_MAX_BYTES, inbox=None) -> Message:
+    """Check and parse frames (bytes or zmq.Frame); raise `Rejected` with a reason otherwise. `inbox` (a
+    `same_host.Inbox`): where a message's buffers may lie in shared memory (none accepted without one)."""
     frames = [f.buffer if hasattr(f, "buffer") else f for f in frames]
     if len(frames) < 2 or len(frames[1]) == 0:
         raise Rejected("unsigned", "no signature frame")
@@ -141,8 +154,12 @@ def decode(key: bytes, frames, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
         header = json.loads(header_bytes)
         specs = header["arrays"]
         if not isinstance(header, dict) or header.get("v") != VERSION or not isinstance(header.get("kind"), str) \
-                or not isinstance(specs, list) or len(specs) != len(frames) - 2:
-            raise ValueError("version, kind or buffer count")
+                or not isinstance(specs, list):
+            raise ValueError("version or kind")
+        if "shm" in header:
+            return Message(header, _shared_arrays(header, specs, frames, inbox, max_bytes))
+        if len(specs) != len(frames) - 2:
+            raise ValueError("buffer count")
         for spec in specs:
             _check_spec(spec)
         if len({spec["name"] for spec in specs}) != len(specs):
@@ -168,10 +185,37 @@ def decode(key: bytes, frames, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
     return Message(header, arrays)
 
 
-def _check_spec(spec) -> None:
-    """A buffer's description: a name, an allowed dtype, a shape of whole non-negative numbers, a tag."""
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or \
-            spec.get("dtype") not in ALLOWED_DTYPES or not isinstance(spec.get("tag"), str) or \
+def _shared_arrays(header: dict, specs: list, frames, inbox, max_bytes: int) -> dict[str, np.ndarray]:
+    """A same-host message's arrays: read-only views into the segment its header names (raises ValueError)."""
+    if inbox is None:
+        raise Rejected("malformed", "names a shared-memory segment where this receiver takes none")
+    if len(frames) != 2 or not isinstance(header["shm"], str):
+        raise ValueError("a shared-memory message is a header alone, naming its segment")
+    arrays, total = {}, 0
+    for spec in specs:
+        _check_spec(spec, "offset")
+        if spec["name"] in arrays:
+            raise ValueError("two buffers of one name")
+        dtype = np.dtype(spec["dtype"])
+        nbytes = int(np.prod(spec["shape"], dtype=np.int64)) * dtype.itemsize
+        total += nbytes
+        if total > max_bytes:
+            raise Rejected("oversized", f"{total} bytes > limit {max_bytes}")
+        array = np.frombuffer(inbox.view(header["shm"], spec["offset"], nbytes), dtype).reshape(spec["shape"])
+        array.flags.writeable = False
+        arrays[spec["name"]] = array
+    return arrays
+
+
+def _check_spec(spec, where: str = "tag") -> None:
+    """A buffer's description: a name, an allowed dtype, a shape of whole non-negative numbers, and its tag
+    (`where` "tag") or its offset in a shared-memory segment ("offset")."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"buffer description {str(spec)[:200]}")
+    placed = isinstance(spec.get("tag"), str) if where == "tag" else \
+        isinstance(spec.get("offset"), int) and not isinstance(spec.get("offset"), bool) and spec["offset"] >= 0
+    if not isinstance(spec.get("name"), str) or \
+            spec.get("dtype") not in ALLOWED_DTYPES or not placed or \
             not isinstance(spec.get("shape"), list) or \
             not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in spec["shape"]):
         raise ValueError(f"buffer description {str(spec)[:200]}")
