@@ -41,7 +41,7 @@ def client_loop(addresses, key, rank, pushes, values, plan, out) -> None:
             seconds.append(time.perf_counter() - started)
             versions = [r.header["version"] for r in replies]
         client.request("done")
-    out.put((rank, seconds))
+        out.put((rank, (seconds, all(route is not None for route in client.local))))
 
 
 def load(clients: int, pushes: int, values: int) -> dict:
@@ -61,6 +61,8 @@ def load(clients: int, pushes: int, values: int) -> dict:
         for w in workers:
             w.start()
         results = dict(out.get(timeout=JOIN_TIMEOUT_S) for _ in workers)  # bounded: a deadlock fails here
+        same_host = [local for _, local in results.values()]
+        results = {rank: seconds for rank, (seconds, _) in results.items()}
         seconds = time.perf_counter() - started
         for w in workers:
             w.join(timeout=60)
@@ -72,7 +74,7 @@ def load(clients: int, pushes: int, values: int) -> dict:
             launcher.stop_shard(s["pid"])
     latencies = np.concatenate([np.asarray(v) for v in results.values()]) * 1000
     return {"stats": stats, "sent": clients * pushes, "latencies_ms": latencies, "seconds": seconds,
-            "clients_done": len(results)}
+            "clients_done": len(results), "same_host": sum(same_host)}
 
 
 def main() -> None:
@@ -95,6 +97,8 @@ def main() -> None:
           f"({result['sent'] / result['seconds']:,.0f} push-pulls/s); latency p50 {p50:.2f} ms, "
           f"p90 {np.percentile(latencies, 90):.2f} ms, p99 {p99:.2f} ms, max {latencies.max():.2f} ms")
     acked_equals_applied = all(s["counts"]["acked"] == s["counts"]["applied"] for s in result["stats"])
+    print(f"clients on the same-host path (shared memory, Unix socket): {result['same_host']} of {args.clients}"
+          " (NBDIST_PS_SAME_HOST=0: none, signed TCP)")
     print(f"RESULT ps_load_lost={lost}")
     print(f"RESULT ps_load_p50_ms={p50:.2f}")
     print(f"RESULT ps_load_p99_ms={p99:.2f}")

@@ -15,6 +15,7 @@ did before, for a fifth of the pushes. Prints a table, then:
 from __future__ import annotations
 
 import argparse
+import glob
 import multiprocessing
 import os
 import tempfile
@@ -63,11 +64,12 @@ def soak(pushes: int, values: int, every: int, window: int | None) -> dict:
         started = time.perf_counter()
         for w in workers:
             w.start()
-        samples, next_at = [], 0
+        samples, next_at, segments = [], 0, 0
         while any(w.is_alive() for w in workers):
             applied = sum(done)
             if applied >= next_at:
                 samples.append((applied, rss_kb(info["pid"])))
+                segments = max(segments, len(glob.glob(f"/dev/shm/nbdist-ps-{info['pid']}-*")))
                 next_at = applied + every
             time.sleep(0.05)  # sampling, not synchronisation: the workers' joins below are the end
         for w in workers:
@@ -80,7 +82,8 @@ def soak(pushes: int, values: int, every: int, window: int | None) -> dict:
         launcher.stop_shard(info["pid"])
         log_lines = sum(1 for _ in open(config["log_path"]))
     return {"samples": samples, "seconds": seconds, "applied": stats["counts"]["applied"],
-            "log_total": stats["log_total"], "log_lines": log_lines}
+            "log_total": stats["log_total"], "log_lines": log_lines, "segments_max": segments,
+            "segments_left": len(glob.glob(f"/dev/shm/nbdist-ps-{info['pid']}-*"))}
 
 
 def growth_kb_per_1k(samples: list[tuple[int, int]], warm_up: int) -> float:
@@ -116,6 +119,8 @@ def main() -> None:
           f"{growth_kb_per_1k(bounded['samples'], 2 * WINDOW):.2f} KB per 1k pushes")
     print_table(["shard", "pushes applied", "log file lines", "s", "RSS start MB", "RSS end MB",
                  "KB per 1k pushes after warm-up"], rows)
+    print(f"shared-memory segments of the shard and its clients (the same-host path): at most {bounded['segments_max']} "
+          f"during the run, {bounded['segments_left']} after it (NBDIST_PS_SAME_HOST=0: none, signed TCP)")
     print(f"RESULT ps_soak_rss_growth_kb_per_1k_pushes={float(rows[0][-1]):.2f}")
     print(f"RESULT ps_soak_unbounded_kb_per_1k_pushes={float(rows[1][-1]):.2f}")
 

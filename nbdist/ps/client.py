@@ -7,6 +7,7 @@ least every `ps_timeout_s`, or the request fails with `PsUnavailable`.
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 import time
@@ -115,7 +116,7 @@ class PsClient:
                     self.last_answer[i] = time.time()
                     if replies[i].kind == "rejected" and replies[i].header.get("reason") == "restarting":
                         replies[i] = None  # sent before the shard died, reached its successor: resent below
-                elif replies[i] is None and self.incarnation[i] != sent_to[i]:
+                elif replies[i] is None and (self.incarnation[i] != sent_to[i] or self._route_gone(i)):
                     self._reconnect(i, poller)
                     send(i)
             self._check_alive(replies)
@@ -149,8 +150,14 @@ class PsClient:
         self.sockets[i].close(linger=0)
         self.sockets[i] = self._connect(route["ipc"])
         owner = f"w{self.worker}" if isinstance(self.worker, int) else "k"
-        self.local[i] = _LocalRoute(same_host.Outbox(route["prefix"], f"{owner}-{secrets.token_hex(4)}"),
+        self.local[i] = _LocalRoute(route["ipc"][len("ipc://"):],
+                                    same_host.Outbox(route["prefix"], f"{owner}-{secrets.token_hex(4)}"),
                                     same_host.Inbox(route["prefix"]))
+
+    def _route_gone(self, i: int) -> bool:
+        """Whether shard `i`'s Unix socket was removed: the shard died and was reaped (a successor, if any,
+        listens on the TCP address)."""
+        return self.local[i] is not None and not os.path.exists(self.local[i].path)
 
     def _reconnect(self, i: int, poller) -> None:
         """Shard `i` was restarted from a checkpoint: its successor is asked on a socket of its own, so an
@@ -215,10 +222,11 @@ class PsClient:
 
 
 class _LocalRoute:
-    """A client's same-host ends with one shard: its outbox for requests, the shard's replies it has opened."""
+    """A client's same-host ends with one shard: the shard's socket file, the client's outbox for requests, the
+    shard's replies it has opened."""
 
-    def __init__(self, outbox: same_host.Outbox, inbox: same_host.Inbox):
-        self.outbox, self.inbox = outbox, inbox
+    def __init__(self, path: str, outbox: same_host.Outbox, inbox: same_host.Inbox):
+        self.path, self.outbox, self.inbox = path, outbox, inbox
 
     def close(self) -> None:
         self.outbox.close()
