@@ -42,6 +42,7 @@ SGD = {"name": "SGD", "learning_rate": 0.01}
 VARIABLES = {"dense/kernel": np.zeros((8, 4), np.float32), "dense/bias": np.zeros(4, np.float32)}
 ANSWER_S = 30.0  # a bound, not a speed: a healthy shard answers in milliseconds
 SHARD_LOG = os.path.join(tempfile.gettempdir(), f"nbdist-ps-fuzz-{os.getpid()}.log")  # the shard's stderr
+SIGNED_FRAMES = {"header_bit": 0, "signature_bit": 1}  # a bit flipped in the header or in its signature
 JUNK = [None, True, -1, 0, 2**63, 1e308, float("nan"), "", "x" * 1000, [], {}, [1, 2], {"a": 1}]
 
 
@@ -97,10 +98,8 @@ def mutate_local(key: bytes, rng: random.Random, worker: int, version: int, outb
     header = json.loads(frames[0])
     kind = rng.choice(["header_bit", "signature_bit", "truncate_frames", "duplicate_frame", "buffer_frame",
                        "wrong_key", "segment_name", "offset", "shape", "junk_fields"])
-    if kind == "header_bit":
-        frames[0] = flip(frames[0], rng)
-    elif kind == "signature_bit":
-        frames[1] = flip(frames[1], rng)
+    if kind in SIGNED_FRAMES:
+        frames[SIGNED_FRAMES[kind]] = flip(frames[SIGNED_FRAMES[kind]], rng)
     elif kind == "truncate_frames":
         frames = frames[:1]
     elif kind == "duplicate_frame":
@@ -135,10 +134,8 @@ def mutate(key: bytes, rng: random.Random, worker: int, version: int) -> tuple[s
     header = json.loads(frames[0])
     kind = rng.choice(["header_bit", "signature_bit", "buffer_bit", "truncate_frames", "truncate_buffer",
                        "duplicate_frame", "reorder_buffers", "wrong_key", "junk_fields", "junk_fields"])
-    if kind == "header_bit":
-        frames[0] = flip(frames[0], rng)
-    elif kind == "signature_bit":
-        frames[1] = flip(frames[1], rng)
+    if kind in SIGNED_FRAMES:
+        frames[SIGNED_FRAMES[kind]] = flip(frames[SIGNED_FRAMES[kind]], rng)
     elif kind == "buffer_bit":
         i = rng.randrange(2, len(frames))
         frames[i] = flip(frames[i], rng)
