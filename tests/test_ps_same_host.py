@@ -82,6 +82,22 @@ def test_a_client_on_this_host_switches_to_shared_memory_and_gets_the_tcp_paths_
         launcher.stop_shard(other["pid"])
 
 
+def test_clients_that_come_and_go_leave_no_segment_behind(shard):
+    """One client per fit (and the kernel's short-lived ones): each one's outbox and the shard's reply outbox
+    for it go when it closes, not when the run ends."""
+    with PsClient(shard["address"], KEY, 0, heartbeat=False) as first:
+        first.request("init", [W0], optimizer=SGD, trainable=list(W0))
+    for fit in range(5):
+        with PsClient(shard["address"], KEY, 0, heartbeat=False) as client:
+            client.request("pull")
+            client.request("push", [grads()], version=fit)
+            assert len([f for f in files_of(shard["pid"]) if f.startswith("/dev/shm/")]) == 2
+        wait_for(lambda: not [f for f in files_of(shard["pid"]) if f.startswith("/dev/shm/")],
+                 "the closed client's segments to go", 10)
+        with open(f"/proc/{shard['pid']}/maps") as maps:  # and the shard no longer maps them
+            assert "nbdist-ps-" not in maps.read()
+
+
 @pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0, reason="needs root and setpriv")
 def test_a_process_of_another_user_can_neither_connect_nor_open_a_segment(shard):
     with PsClient(shard["address"], KEY, 0) as client:
@@ -170,7 +186,7 @@ def test_the_same_host_path_refuses_lying_headers_and_applies_none(shard):
     with PsClient(shard["address"], KEY, "controller", heartbeat=False) as controller:
         state = controller.request("state")[0]
     assert state.header["version"] == 1 and state.header["counts"]["applied"] == 1
-    assert sum(state.header["rejections"].values()) == len(cases) + 1  # and the replay
+    assert sum(state.header["rejections"].values()) == len(cases) + 1, state.header["rejections"]  # and the replay
     np.testing.assert_array_equal(state.arrays["dense/kernel"], W0["dense/kernel"] - 0.5)
 
 

@@ -20,6 +20,7 @@ from ..limits import LIMITS
 from . import same_host, wire
 
 PING_INTERVAL_S = 0.5
+BYE_WAIT_MS = 1000  # how long a closing client waits for its shard to take its bye (it answers in microseconds)
 
 
 class PsUnavailable(NbdistError):
@@ -169,10 +170,17 @@ class PsClient:
         self.sockets[i] = self._connect(self.addresses[i])
         poller.register(self.sockets[i], zmq.POLLIN)
 
-    def _drop_local(self, i: int) -> None:
-        if self.local[i] is not None:
-            self.local[i].close()
-            self.local[i] = None
+    def _drop_local(self, i: int, bye: bool = False) -> None:
+        """Forget shard `i`'s same-host route; `bye`: tell the shard first, so it lets go of what this client
+        used (its reply outbox, this client's segment) before the shard's run ends."""
+        if self.local[i] is None:
+            return
+        if bye and not self._route_gone(i):  # answered, so that no later message of this thread overtakes it
+            self.sockets[i].send_multipart(wire.encode(self.key, "bye", worker=self.worker, same_host=1))
+            if self.sockets[i].poll(BYE_WAIT_MS):
+                self.sockets[i].recv_multipart()
+        self.local[i].close()
+        self.local[i] = None
 
     def _check_alive(self, replies: dict) -> None:
         now = time.time()
@@ -208,10 +216,10 @@ class PsClient:
         self._stop.set()
         if self._pinger is not None:
             self._pinger.join(timeout=2)
+        for i in range(len(self.local)):
+            self._drop_local(i, bye=True)
         for socket in self.sockets:
             socket.close(linger=0)
-        for i in range(len(self.local)):
-            self._drop_local(i)
         self.context.term()
 
     def __enter__(self):

@@ -174,7 +174,8 @@ class Inbox:
         return segment.view[offset:offset + nbytes]
 
     def forget(self, owner_prefix: str) -> None:
-        """Close and unlink the segments whose names start with `owner_prefix` (a dead writer's)."""
+        """Close and unlink the segments whose names start with `owner_prefix` (a whole name, or a dead writer's
+        prefix)."""
         for name in [n for n in self.segments if n.startswith(owner_prefix)]:
             segment = self.segments.pop(name)
             segment.unlink()
@@ -191,7 +192,8 @@ class ShardEnd:
 
     A client on another host never learns of it; one on this host says where it runs (``host`` in a request
     over TCP) and is answered with the `route` (the socket and the names' prefix), then asks with
-    ``same_host`` set in each request's header, over the Unix socket.
+    ``same_host`` set in each request's header, over the Unix socket, and says ``bye`` (answered) when it closes. What
+    each client socket used goes with its bye, or with its worker when that is dropped as dead.
     """
 
     def __init__(self, socket):
@@ -203,6 +205,7 @@ class ShardEnd:
         self.inbox = Inbox(self.prefix)
         self.outboxes: dict[bytes, Outbox] = {}  # client socket -> the shard's replies to it
         self.worker_of: dict[bytes, object] = {}  # client socket -> the worker it speaks for
+        self.read_from: dict[bytes, set] = {}  # client socket -> the segments its requests named
         self.facts = host_facts()
 
     def route(self, header: dict) -> dict | None:
@@ -212,19 +215,32 @@ class ShardEnd:
             return {"ipc": self.address, "prefix": self.prefix}
         return None
 
-    def outbox(self, ident: bytes, header: dict | None) -> Outbox | None:
-        """Where replies to `ident` go: its outbox once it asked over the same-host path, else None (the socket)."""
-        if header is not None and header.get("same_host") and ident not in self.outboxes:
+    def received(self, ident: bytes, header: dict) -> None:
+        """Note what a request of `ident` used: the outbox its replies go to, the segment it named."""
+        if header.get("same_host") and ident not in self.outboxes:
             self.outboxes[ident] = Outbox(self.prefix, f"r-{ident.hex()[:32]}")
             self.worker_of[ident] = header.get("worker")
+        if isinstance(header.get("shm"), str):
+            self.read_from.setdefault(ident, set()).add(header["shm"])
+
+    def outbox(self, ident: bytes) -> Outbox | None:
+        """Where replies to `ident` go: its outbox once it asked over the same-host path, else None (the socket)."""
         return self.outboxes.get(ident)
 
+    def bye(self, ident: bytes) -> None:
+        """Client socket `ident` closed: unlink its reply outbox, let go of the segments it wrote."""
+        outbox = self.outboxes.pop(ident, None)
+        if outbox is not None:
+            outbox.close()
+        self.worker_of.pop(ident, None)
+        for name in self.read_from.pop(ident, ()):
+            self.inbox.forget(name)
+
     def reclaim(self, worker) -> None:
-        """Worker `worker` was dropped as dead: unlink its segments and the outboxes of its replies."""
-        self.inbox.forget(f"{self.prefix}w{worker}-")
+        """Worker `worker` was dropped as dead: what its client sockets used goes as at their bye."""
         for ident in [i for i, w in self.worker_of.items() if w == worker]:
-            self.outboxes.pop(ident).close()
-            del self.worker_of[ident]
+            self.bye(ident)
+        self.inbox.forget(f"{self.prefix}w{worker}-")
 
     def close(self) -> None:
         for outbox in self.outboxes.values():

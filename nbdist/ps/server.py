@@ -45,7 +45,7 @@ def serve(config: dict, key: bytes, ready=print) -> None:
     def send(replies, route: tuple | None = None):
         """Send `replies`; `route`: (a client on this host that asked over TCP, how it reaches the shard here)."""
         for ident, kind, arrays, fields in replies:
-            outbox = local.outbox(ident, None) if local is not None else None
+            outbox = local.outbox(ident) if local is not None else None
             if route is not None and route[0] == ident:
                 fields = {**fields, "route": route[1]}
             encoded = wire.encode(key, kind, arrays, outbox=outbox, **fields)
@@ -63,7 +63,11 @@ def serve(config: dict, key: bytes, ready=print) -> None:
                 message = wire.decode(key, body, max_bytes=shard.max_bytes, inbox=inbox)
                 replays.check(message.header)
                 if local is not None:
-                    local.outbox(ident, message.header)
+                    local.received(ident, message.header)
+                    if message.kind == "bye":  # a same-host client closes
+                        local.bye(ident)
+                        send([(ident, "ok", None, {})])
+                        return
                 if keras_import.defers(shard.table(message), ident, body, message):
                     return
             route = local.route(message.header) if local is not None else None
