@@ -155,11 +155,9 @@ def test_kernel_killed_hard_takes_its_cluster_and_shards_with_it(reaper):
 
 def same_host_files(shard_pids) -> list[str]:
     """The shared-memory segments and socket directories of these shards (and their workers')."""
-    import glob
-    import tempfile
+    from nbdist.ps.same_host import leftovers
 
-    return sorted(path for pid in shard_pids for where in ("/dev/shm", tempfile.gettempdir())
-                  for path in glob.glob(os.path.join(where, f"nbdist-ps-{pid}-*")))
+    return [path for pid in shard_pids for path in leftovers(pid)]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

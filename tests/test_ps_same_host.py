@@ -5,7 +5,6 @@ Real shard processes; a real process of another user (`setpriv` to uid 65534) fo
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import shutil
@@ -25,11 +24,7 @@ from tests.support import KEY, SGD, W0, grads, wait_for
 pytestmark = pytest.mark.cluster  # starts processes
 
 
-def files_of(pid: int) -> list[str]:
-    """The segments and socket directory named for the shard of process `pid` (and its clients')."""
-    import tempfile
-
-    return sorted(glob.glob(f"/dev/shm/nbdist-ps-{pid}-*") + glob.glob(f"{tempfile.gettempdir()}/nbdist-ps-{pid}-*"))
+files_of = same_host.leftovers
 
 
 @pytest.fixture

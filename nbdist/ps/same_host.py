@@ -67,19 +67,22 @@ def socket_dir(prefix: str) -> str:
     return path
 
 
-def remove_leftovers(pid: int) -> list[str]:
-    """Unlink every segment and socket directory named for the shard of process `pid`; what was removed."""
-    removed = []
-    for path in glob.glob(os.path.join(SHM_DIR, f"nbdist-ps-{pid}-*")):
+def leftovers(pid: int) -> list[str]:
+    """The segments (its clients' included) and the socket directory named for the shard of process `pid`."""
+    return sorted(glob.glob(os.path.join(SHM_DIR, f"nbdist-ps-{pid}-*"))
+                  + glob.glob(os.path.join(tempfile.gettempdir(), f"nbdist-ps-{pid}-*")))
+
+
+def remove_leftovers(pid: int) -> None:
+    """Unlink every segment and socket directory named for the shard of process `pid`."""
+    for path in leftovers(pid):
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+            continue
         try:
             os.unlink(path)
-            removed.append(path)
         except OSError:
             pass
-    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"nbdist-ps-{pid}-*")):
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-    return removed
 
 
 def _pad(n: int) -> int:
