@@ -18,8 +18,8 @@ import statistics
 import time
 
 from common import notebook_shell, print_table
-from nbdist import bring
-from nbdist.bring.names import fit_array_names
+from nbdist.notebook import bring
+from nbdist.notebook.bring.names import fit_array_names
 from nbdist.datasets import fashion_mnist
 
 CELL = "model.fit(x, y, batch_size=64)"

@@ -146,7 +146,7 @@ def print_rounds(label: str, rounds: list[dict], extra_rows=()) -> float:
 def engine_threads(session) -> dict[str, str]:
     """The TensorFlow thread pools of the cluster's engines (each its share of the host, as `%dist status` shows
     them), printed, as the environment an anchor's processes get so both sides compute with the same threads."""
-    from nbdist.threads import INTER_ENV, INTRA_ENV
+    from nbdist.host.threads import INTER_ENV, INTRA_ENV
 
     labels = {session.cluster.info(eid).threads for eid in session.cluster.ids()}
     print(f"engines' TensorFlow threads (intra/inter-op): {', '.join(sorted(map(str, labels)))}")

@@ -51,7 +51,7 @@ def start_cluster(n: int):
     """A fresh local cluster with nbdist's heartbeats; nothing has run on its engines yet."""
     import ipyparallel as ipp
 
-    from nbdist.cluster import HEARTBEAT_ARGS
+    from nbdist.cluster.cluster import HEARTBEAT_ARGS
 
     cluster = ipp.Cluster(n=n, cluster_id=f"nbdist-threads-{uuid.uuid4().hex[:8]}",
                           controller_args=list(HEARTBEAT_ARGS), log_level=30)

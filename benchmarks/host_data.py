@@ -19,7 +19,7 @@ import argparse
 import time
 
 from common import notebook_shell, print_table
-from nbdist import host_cache
+from nbdist.datasets import host_cache
 from nbdist.datasets import fashion_mnist
 
 CELL = '''

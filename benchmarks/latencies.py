@@ -2,7 +2,7 @@
 
 Everything goes through a real IPython kernel (jupyter_client, as a notebook front end drives it)
 running the magics against a real ipyparallel cluster this script starts (2 engines, nbdist's
-1 s heartbeats with 5 misses, `nbdist.cluster.HEARTBEAT_ARGS`; engines to be killed are added one
+1 s heartbeats with 5 misses, `nbdist.cluster.cluster.HEARTBEAT_ARGS`; engines to be killed are added one
 at a time). The model is the suite's small CNN on 2000 Fashion-MNIST samples (`tests/conftest.py`).
 Each figure is the median of `--reps` repetitions, beside an anchor:
 
@@ -67,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import print_table
 
-from nbdist.cluster import HEARTBEAT_ARGS
+from nbdist.cluster.cluster import HEARTBEAT_ARGS
 from tests.conftest import DEFINITION, TRAIN  # the suite's small CNN on 2000 samples
 from tests.kernel_driver import KernelDriver  # a real kernel, as a notebook drives it
 

@@ -51,7 +51,7 @@ LINES = {"local": "--strategy local --seed 1", "tensor": "--strategy tensor --wo
 
 def one_round(ip, session, samples: int, epochs: int) -> dict:
     """Each strategy once: its step time (s) and, for local and tensor, its per-engine bytes."""
-    from nbdist.tensor_parallel.model import engine_bytes
+    from nbdist.model_parts.tensor_parallel.model import engine_bytes
 
     out = {}
     for name, line in LINES.items():

@@ -9,8 +9,8 @@
 from __future__ import annotations
 
 from .errors import NbdistError
-from .session import SESSIONS as _sessions
-from .session import Session, get_session
+from .notebook.session import SESSIONS as _sessions
+from .notebook.session import Session, get_session
 
 __version__ = "0.1.0"
 __all__ = ["NbdistError", "Session", "get_session", "load_ipython_extension", "unload_ipython_extension"]
@@ -18,7 +18,7 @@ __all__ = ["NbdistError", "Session", "get_session", "load_ipython_extension", "u
 def load_ipython_extension(shell) -> None:
     """`%load_ext nbdist`: register the magics on this shell, with a Session of its own, and keep this
     kernel's TensorFlow off the GPUs the engines use (`%dist start --kernel-gpu` gives them back)."""
-    from . import gpus
+    from .host import gpus
     from .magics import NbdistMagics, async_dashboard_cells
 
     if id(shell) in _sessions:
@@ -37,7 +37,7 @@ def load_ipython_extension(shell) -> None:
     shell.register_magics(NbdistMagics(shell, session))
     shell.input_transformers_cleanup.append(async_dashboard_cells)
     if getattr(shell, "kernel", None) is not None:  # a Jupyter kernel: the JupyterLab sidebar's comm
-        from .lab_comm import LabChannel
+        from .notebook.lab_comm import LabChannel
 
         session.lab = LabChannel(session).start()
 

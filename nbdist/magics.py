@@ -8,8 +8,9 @@ from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from . import gpus, report, threads
-from .progress import TextProgress
+from .host import gpus, threads
+from .notebook import report
+from .notebook.progress import TextProgress
 from .strategies import COMMON_OPTIONS, on_register, strategy_names, strategy_options
 
 DIST_ACTIONS = ("start", "add", "connect", "stop", "status", "runs", "wait", "push", "cap", "plan")
@@ -275,7 +276,7 @@ def _progress_display(choice: str):
     """The on_progress factory for a `--progress` choice."""
     choice = _resolve_progress(choice)
     if choice == "dashboard":
-        from .widgets import Dashboard  # the only import of the widgets (DESIGN.md section 3)
+        from .notebook.widgets import Dashboard  # the only import of the widgets (DESIGN.md section 3)
 
         return Dashboard
     return TextProgress if choice == "text" else None

@@ -1,5 +1,7 @@
-"""The house's import rules, checked from the source (every import, lazy ones inside functions too):
-no cycle among nbdist's modules, and `ps/` and `strategies/` import nothing from the floors above them.
+"""The house's import rules, checked from the source (every import, lazy ones inside functions too): no cycle
+among nbdist's modules, and none among its packages; and no package imports one on a floor above its own (the
+floors of docs/architecture.md: the engine's side imports nothing of the notebook's side, the shared floor neither,
+the leaves nothing but leaves). Every package of nbdist sits on a floor.
 
     python scripts/import_graph.py          # prints what breaks a rule; exit status 1 if anything does
 """
@@ -11,11 +13,15 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "nbdist"
-# what drives a run from the notebook: nothing in ps/ or strategies/ may import these
-UPPER = ("nbdist", "nbdist.magics", "nbdist.session", "nbdist.run", "nbdist.widgets", "nbdist.lab_comm",
-         "nbdist.lab_state", "nbdist.cluster", "nbdist.lifeline", "nbdist.engine", "nbdist.experiments",
-         "nbdist.bring")
-LOWER = {"nbdist.ps": UPPER + ("nbdist.strategies",), "nbdist.strategies": UPPER}
+# top to bottom; a package imports its own floor's packages (without a cycle) and the floors below
+FLOORS = (
+    ("the doors", ("nbdist", "nbdist.magics", "nbdist.experiments")),
+    ("the notebook's side", ("nbdist.notebook", "nbdist.cluster")),
+    ("the engine's side", ("nbdist.engine",)),
+    ("shared by both sides", ("nbdist.planner", "nbdist.strategies", "nbdist.model_parts", "nbdist.ps")),
+    ("the leaves", ("nbdist.host", "nbdist.keras_semantics", "nbdist.datasets", "nbdist.errors", "nbdist.limits",
+                    "nbdist.horovod")),
+)
 
 
 def modules(package: Path = PACKAGE) -> dict[str, Path]:
@@ -84,24 +90,46 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def _within(name: str, floor: str) -> bool:
-    return name == floor or name.startswith(floor + ".")
+def package_of(module: str) -> str:
+    """The top-level package (or top-level module) of nbdist that `module` belongs to."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for module, targets in edges.items():
+        out.setdefault(package_of(module), set()).update(package_of(t) for t in targets)
+    return {p: targets - {p} for p, targets in out.items()}
+
+
+def floor_of(package: str) -> int | None:
+    return next((i for i, (_, members) in enumerate(FLOORS) if package in members), None)
 
 
 def upward(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
-    """(importer, imported) where a module of ps/ or strategies/ imports a floor above it."""
-    return sorted((m, t) for m, targets in edges.items() for floor, above in LOWER.items() if _within(m, floor)
-                  for t in targets if not _within(t, floor) and any(_within(t, u) if u != "nbdist" else t == u
-                                                                    for u in above))
+    """(importer, imported) modules where the imported module's package is on a floor above the importer's."""
+    found = set()
+    for module, targets in edges.items():
+        here = floor_of(package_of(module))
+        for target in targets:
+            there = floor_of(package_of(target))
+            if here is not None and there is not None and there < here:
+                found.add((module, target))
+    return sorted(found)
 
 
 def problems(package: Path = PACKAGE) -> list[str]:
     edges = graph(package)
+    packages = package_graph(edges)
     return ([f"cycle: {' -> '.join(c)}" for c in cycles(edges)]
-            + [f"upward: {m} imports {t}" for m, t in upward(edges)])
+            + [f"package cycle: {' -> '.join(c)}" for c in cycles(packages)]
+            + [f"upward: {m} imports {t}" for m, t in upward(edges)]
+            + [f"unplaced: {p} is on no floor (scripts/import_graph.py FLOORS, docs/architecture.md)"
+               for p in sorted(packages) if floor_of(p) is None])
 
 
 if __name__ == "__main__":
     found = problems()
-    print("\n".join(found) or f"no cycle and no upward import among {len(modules())} modules")
+    print("\n".join(found) or f"no cycle and no upward import among {len(modules())} modules "
+                               f"in {len(package_graph(graph()))} packages on {len(FLOORS)} floors")
     sys.exit(1 if found else 0)

@@ -66,7 +66,7 @@ fi
 # builds it through hatch-jupyter-builder; this step keeps it current afterwards.
 VBIN="$(cd "$VENV/bin" && pwd)"
 quiet_or_fail() { local out; out=$(cd labextension && PATH="$VBIN:$PATH" "$@" 2>&1) || { echo "$out" >&2; return 1; }; }
-"$VPY" -m nbdist.options_reference --strategies labextension/src/strategies.ts  # the sidebar's list, from the registry
+"$VPY" scripts/options_reference.py --strategies labextension/src/strategies.ts  # the sidebar's list, from the registry
 lab_stamp="$VENV/.nbdist-labextension"
 lab_want=$(cd labextension && cat package.json yarn.lock .yarnrc.yml tsconfig.json $(find src style -type f | sort) | sha1sum | cut -c1-16)
 if [ "$(cat "$lab_stamp" 2>/dev/null)" != "$lab_want" ] || [ ! -f "$VENV/share/jupyter/labextensions/nbdist/package.json" ]; then

@@ -70,6 +70,18 @@ class DiesAt(keras.callbacks.Callback):
 '''
 
 
+def script(name: str):
+    """A module of scripts/ (`script("import_graph")`), loaded from its file: scripts are not a package."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def message(kind, arrays=None, **fields):
     """A message as a shard receives it: encoded and decoded under the test key."""
     return wire.decode(KEY, wire.encode(KEY, kind, arrays, **fields))
@@ -137,7 +149,7 @@ def start_cluster(n: int, shared: bool = False) -> TestCluster:
     """A real `n`-engine local cluster with the heartbeats nbdist gives the clusters it starts."""
     import ipyparallel as ipp
 
-    from nbdist.cluster import HEARTBEAT_ARGS
+    from nbdist.cluster.cluster import HEARTBEAT_ARGS
 
     cluster = ipp.Cluster(n=n, cluster_id=f"nbdist-test-{uuid.uuid4().hex[:8]}",
                           controller_args=list(HEARTBEAT_ARGS), log_level=30)

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from nbdist.ashl.switch import SETTLED
+from nbdist.strategies.ashl.switch import SETTLED
 from nbdist.experiments import MODELS
 from tests.support import dealt_by_epoch, eventually, idle_engines, push_log
 
@@ -41,7 +41,7 @@ def ashl_on_the_virtual_clock(kernel, epochs=10) -> dict:
                        + CELL.format(epochs=epochs), timeout=400)
     reply.check()
     return {"stdout": reply.stdout,
-            "table": kernel.value("__import__('nbdist.ashl.report', fromlist=['_']).profile_table(nbdist.last_run)"),
+            "table": kernel.value("__import__('nbdist.strategies.ashl.report', fromlist=['_']).profile_table(nbdist.last_run)"),
             "events": kernel.value("[{k: v for k, v in e.items() if k != 't'} for e in nbdist.last_run.events]"),
             "history": kernel.value("nbdist.last_run.history"),
             "pushes": kernel.value("[(r['worker'], r['step'], r['version'], r['staleness'], "

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nbdist.ashl.batches import ProportionalBatches
-from nbdist.ashl.coordinator import Coordinator
-from nbdist.ashl.meeting import SPEC as ASHL_MEETING
-from nbdist.ashl.switch import SETTLED
+from nbdist.strategies.ashl.batches import ProportionalBatches
+from nbdist.strategies.ashl.coordinator import Coordinator
+from nbdist.strategies.ashl.meeting import SPEC as ASHL_MEETING
+from nbdist.strategies.ashl.switch import SETTLED
 from nbdist.ps import wire
 from nbdist.ps.shard import Shard
-from nbdist.run import Run
+from nbdist.notebook.run import Run
 from tests.support import SGD, W0, grads, message
 
 EXPECTED = {name: (w.shape, "float32") for name, w in W0.items()}
@@ -242,7 +242,7 @@ def test_proportional_batches_cover_each_epoch_once_between_the_workers():
 
 def test_ablations_switch_allocation_off_and_name_the_parts_there_are():
     from nbdist.errors import OptionError
-    from nbdist.strategies.ashl import commits_local_steps, parts_off
+    from nbdist.strategies.ashl.strategy import commits_local_steps, parts_off
 
     sent = []
     coordinator = Coordinator(2, lambda action, value: sent.append((action, value)) or [], without={"allocation"})
@@ -258,7 +258,7 @@ def test_ablations_switch_allocation_off_and_name_the_parts_there_are():
 
 
 def test_the_decision_line_names_a_link_that_commits_at_a_multiple_of_the_cadence():
-    from nbdist.ashl.report import decisions
+    from nbdist.strategies.ashl.report import decisions
 
     coordinator, run, sent = coordinated()
     coordinator.local_steps = True
@@ -271,7 +271,7 @@ def test_the_decision_line_names_a_link_that_commits_at_a_multiple_of_the_cadenc
 
 
 def test_with_dealt_batches_a_link_that_commits_every_few_intervals_leaves_at_the_switch():
-    from nbdist.ashl.report import decisions
+    from nbdist.strategies.ashl.report import decisions
 
     slow_link = {"fixed_s": 0.0, "per_sample_s": 1e-3, "comm_s": 1.0, "b0": 60}
     profiles = {0: {"fixed_s": 0.0, "per_sample_s": 1e-3, "comm_s": 0.0, "b0": 60}, 1: slow_link}

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from nbdist.ashl.allocation import CostModel, allocate, drifted, fit_profile, shard_fractions
-from nbdist.ashl.switch import SETTLED, Check, SwitchRule
+from nbdist.strategies.ashl.allocation import CostModel, allocate, drifted, fit_profile, shard_fractions
+from nbdist.strategies.ashl.switch import SETTLED, Check, SwitchRule
 from nbdist.errors import OptionError
 
 
@@ -39,7 +39,7 @@ def test_a_worker_whose_samples_cost_nothing_takes_what_leaves_the_others_their_
     # a tiny model's profile under timer noise: worker 2's slope clamped to ~0, its fixed cost the smallest, so
     # every split gives it more; uncapped it took all 96 and the others' floors left no one to solve for
     profiles = [CostModel(0.002, 1e-5, 0.001), CostModel(0.002, 1e-5, 0.001), CostModel(0.0015, 1e-12, 0.001)]
-    from nbdist.ashl.allocation import allocate_commits
+    from nbdist.strategies.ashl.allocation import allocate_commits
 
     assert allocate(profiles, 96, b_min=4) == [4, 4, 88]
     assert allocate_commits(profiles, 96, b_min=4) == ([4, 4, 88], [1, 1, 1], [1, 1, 1])
@@ -115,7 +115,7 @@ def test_adsp_commit_interval_search_climbs_to_the_faster_interval_and_comes_bac
 
 
 def test_a_floored_worker_on_a_free_link_gets_period_one_not_a_division_by_zero():
-    from nbdist.ashl.allocation import allocate_with_periods
+    from nbdist.strategies.ashl.allocation import allocate_with_periods
 
     # worker 1 is so slow it is held at b_min, and nothing is left of the step for an exchange that costs 0
     profiles = [CostModel(0.001, 1e-5, 0.0), CostModel(0.05, 1e-3, 0.0)]
@@ -126,7 +126,7 @@ def test_a_floored_worker_on_a_free_link_gets_period_one_not_a_division_by_zero(
 def test_a_dataset_batched_last_is_split_per_global_batch_by_the_allocation():
     import tensorflow as tf
 
-    from nbdist.ashl.batches import DatasetBatches, per_sample
+    from nbdist.strategies.ashl.batches import DatasetBatches, per_sample
 
     x = np.arange(100, dtype="float32")
     samples, batch = per_sample(tf.data.Dataset.from_tensor_slices((x, x)).batch(8).prefetch(2))
@@ -140,7 +140,7 @@ def test_a_dataset_batched_last_is_split_per_global_batch_by_the_allocation():
 def test_a_dataset_ashl_cannot_rebatch_is_refused_with_what_to_pass():
     import tensorflow as tf
 
-    from nbdist.ashl.batches import per_sample
+    from nbdist.strategies.ashl.batches import per_sample
 
     x = np.arange(100, dtype="float32")
     with pytest.raises(OptionError, match="last transformation is MapDataset; move .batch"):
@@ -154,7 +154,7 @@ def test_local_steps_between_commits_on_a_hand_example():
     By hand: k = 1 gives b = [112, 16] (the second floored) and 14.8 ms of the common 16.4 ms left for its
     exchange, so k = 2; then k = 3 (9.8 ms left), then b = [97, 31] and k = 4; at k = 4 the exchange costs 5 ms
     a step and b = [89, 39] makes both steps 8.9 ms, of which the second worker's compute leaves 5 ms: k stays 4."""
-    from nbdist.ashl.allocation import allocate_with_periods
+    from nbdist.strategies.ashl.allocation import allocate_with_periods
 
     fast, slow_link = CostModel(0.0, 1e-4, 0.0), CostModel(0.0, 1e-4, 0.02)
     assert allocate_with_periods([fast, slow_link], 128, b_min=16) == ([89, 39], [1, 4])
@@ -166,7 +166,7 @@ def test_local_steps_at_one_commit_cadence_on_a_hand_example():
     and the exchange (40) is more than half of the interval 48; at k = 2, T = (100 + 20/2) / 2.5 = 44, so
     b = [44, 44, (44 - 20) / 2 = 12] and 40 <= 0.5 * 88: every worker makes 2 local steps and each interval
     is 88 ms: 2 * 44, 2 * 44 and 2 * 24 + 40."""
-    from nbdist.ashl.allocation import allocate_commits
+    from nbdist.strategies.ashl.allocation import allocate_commits
 
     ms = 1e-3
     profiles = [CostModel(0.0, 1 * ms, 0.0), CostModel(0.0, 1 * ms, 0.0), CostModel(0.0, 2 * ms, 40 * ms)]
@@ -182,7 +182,7 @@ def test_a_worker_held_at_b_min_and_a_link_too_slow_keep_the_cadence_as_near_as_
     exchange more than half of 45 and 90 ms; k = 3 fits it in 135 ms, where worker 2 makes
     round((135 - 60) / 40) = 2 steps (140 ms). A fourth worker on a 1 s link (1 ms a sample) cannot fit half of
     even 16 intervals: it commits every ceil(1000 / (0.5 * 16 * T)) intervals and makes the steps that fill them."""
-    from nbdist.ashl.allocation import MAX_PERIOD, allocate_commits
+    from nbdist.strategies.ashl.allocation import MAX_PERIOD, allocate_commits
 
     ms = 1e-3
     fast, slow = CostModel(0.0, 1 * ms, 0.0), CostModel(0.0, 4 * ms, 60 * ms)

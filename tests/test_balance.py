@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nbdist import balance
+from nbdist.strategies import balance
 from nbdist.errors import OptionError
-from nbdist.hetero import Profile, StepCost
+from nbdist.host.hetero import Profile, StepCost
 
 STEP = StepCost(fixed_s=0.001, per_sample_s=50e-6)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nbdist.batches import Dispatcher, SyncSchedule, epoch_order
+from nbdist.datasets.batches import Dispatcher, SyncSchedule, epoch_order
 from nbdist.ps import wire
 from nbdist.ps.shard import Shard
 from tests.support import SGD, W0, grads, message
@@ -156,7 +156,7 @@ def test_a_batch_request_that_names_other_data_is_refused():
 def test_an_evicted_worker_waiting_for_a_batch_ends_its_epoch():
     """Its batch request is answered with the stop (not the epoch's end): its pipeline must end on it too, or
     its step waits for a batch forever (a CI run hung there)."""
-    from nbdist.dynamic_data import DealtBatches
+    from nbdist.datasets.dynamic_data import DealtBatches
 
     shard = dealing_shard()
     ask(shard, 1)
@@ -177,7 +177,7 @@ def test_an_evicted_worker_waiting_for_a_batch_ends_its_epoch():
 def test_keras_runs_every_epoch_until_its_batches_end_whatever_their_number():
     import keras
 
-    from nbdist.dynamic_data import epoch_follower, epochs_of_any_length, pipeline
+    from nbdist.datasets.dynamic_data import epoch_follower, epochs_of_any_length, pipeline
 
     class Source:
         epoch, lengths, seen = 0, {0: 3, 1: 5, 2: 2}, []
@@ -208,7 +208,7 @@ def test_keras_runs_every_epoch_until_its_batches_end_whatever_their_number():
 def test_adam_on_a_pipeline_of_unknown_length_steps_and_counts_as_on_the_arrays():
     import keras
 
-    from nbdist.dynamic_data import epoch_follower, epochs_of_any_length, pipeline
+    from nbdist.datasets.dynamic_data import epoch_follower, epochs_of_any_length, pipeline
 
     class Source:
         epoch = 0
@@ -238,7 +238,7 @@ def test_adam_on_a_pipeline_of_unknown_length_steps_and_counts_as_on_the_arrays(
 def test_the_pipeline_draws_each_batch_when_its_step_begins_not_ahead():
     import keras
 
-    from nbdist.dynamic_data import epochs_of_any_length, pipeline
+    from nbdist.datasets.dynamic_data import epochs_of_any_length, pipeline
 
     events = []
 

@@ -94,7 +94,7 @@ def test_an_array_sent_whole_is_placed_once_on_the_host_and_every_engine_maps_th
 
 
 def _mapped_file(name: str) -> str | None:
-    from nbdist.namespace import user_namespace
+    from nbdist.host.namespace import user_namespace
 
     return getattr(user_namespace()[name], "filename", None)
 

@@ -8,8 +8,8 @@ import types
 import numpy as np
 import pytest
 
-from nbdist.bring import plan
-from nbdist.bring.names import bindings, fit_array_names, needed_names, referenced_globals
+from nbdist.notebook.bring import plan
+from nbdist.notebook.bring.names import bindings, fit_array_names, needed_names, referenced_globals
 from nbdist.errors import OptionError
 
 

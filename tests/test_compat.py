@@ -1,12 +1,12 @@
-"""Engines that differ from the notebook (nbdist.compat): the rule on hand-built rows, then `%dist status`
+"""Engines that differ from the notebook (nbdist.cluster.compat): the rule on hand-built rows, then `%dist status`
 on the shared real cluster with one engine's reported nbdist version changed."""
 
 from __future__ import annotations
 
 import pytest
 
-from nbdist.cluster import EngineInfo
-from nbdist.compat import problems
+from nbdist.cluster.cluster import EngineInfo
+from nbdist.cluster.compat import problems
 from tests.kernel_driver import KernelDriver
 
 pytestmark = pytest.mark.cluster  # a kernel on the shared cluster
@@ -62,10 +62,10 @@ def test_missing_or_broken_horovod_matters_only_when_the_notebook_has_horovod():
     assert problems({**NOTEBOOK, "horovod": None}, rows) == []
 
 
-PATCH = ("import nbdist.engine as _e\n"
+PATCH = ("import nbdist.engine.engine as _e\n"
          "_e._real_versions = getattr(_e, '_real_versions', _e.versions)\n"
          "_e.versions = lambda: {**_e._real_versions(), 'nbdist': '0.0.9'}")
-UNPATCH = "import nbdist.engine as _e\n_e.versions = getattr(_e, '_real_versions', _e.versions)"
+UNPATCH = "import nbdist.engine.engine as _e\n_e.versions = getattr(_e, '_real_versions', _e.versions)"
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nbdist.ashl.meeting import SPEC as ASHL_MEETING
+from nbdist.strategies.ashl.meeting import SPEC as ASHL_MEETING
 from nbdist.ps.compression import CompressionPolicy, PushCompressor, TopK, decode_push, from_fp16, to_fp16
 from nbdist.ps.shard import Shard
 from tests.support import SGD, W0, message

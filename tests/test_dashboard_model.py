@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from nbdist.run import Run
+from nbdist.notebook.run import Run
 from nbdist.strategies import REGISTRY
-from nbdist.telemetry import WindowedRate
+from nbdist.engine.telemetry import WindowedRate
 
 ASYNC_PS = {"nfdt", "asgd", "adsp", "dc-asgd", "dc-asgd-a", "dc-asgdk", "ddc-asgd", "ashl"}
 DELAY_RULES = {"dc-asgd", "dc-asgd-a", "dc-asgdk", "ddc-asgd", "ashl"}
@@ -15,7 +15,7 @@ PIPELINES = {"pipeline"}
 
 
 def dashboard_of(strategy: str, **run_fields):
-    from nbdist.widgets.dashboard import Dashboard
+    from nbdist.notebook.widgets.dashboard import Dashboard
 
     return Dashboard(Run(strategy=strategy, options={}, workers=[0, 1], cell="", **run_fields), display=lambda box: None)
 
@@ -45,7 +45,7 @@ def test_every_axis_says_what_it_measures(strategy):
 
 
 def test_axes_say_virtual_seconds_on_the_virtual_clock():
-    from nbdist.widgets.dashboard import Dashboard
+    from nbdist.notebook.widgets.dashboard import Dashboard
 
     run = Run(strategy="asgd", options={"simulate": "clock=virtual; step=5ms"}, workers=[0], cell="")
     layout = Dashboard(run, display=lambda box: None).figure.layout
@@ -58,7 +58,7 @@ def test_the_axis_titles_of_a_row_fit_their_plots_at_a_narrow_cell_width(clock):
     """A 600 px wide output (a notebook cell beside JupyterLab's sidebar): each x-axis title, at a generous
     0.6 em a character, fits the width of its own plot, so the two of a row cannot run into each other; the
     right plot's y-axis title and tick labels (4 characters) fit the gap between the two."""
-    from nbdist.widgets.dashboard import Dashboard
+    from nbdist.notebook.widgets.dashboard import Dashboard
 
     options = {"simulate": "clock=virtual; step=5ms"} if clock == "virtual" else {}
     figure = Dashboard(Run(strategy="ashl", options=options, workers=[0, 1], cell=""), display=lambda box: None).figure
@@ -99,7 +99,7 @@ def test_the_rate_spans_the_window_not_the_last_interval():
 
 def ended(status: str, epochs_done: int, error=None):
     """A dashboard whose 5-epoch run ended after `epochs_done` epochs of History (rank 0's result)."""
-    from nbdist.keras_bridge import FitResult
+    from nbdist.keras_semantics.keras_bridge import FitResult
 
     dashboard = dashboard_of("nfdt", status=status, started_at=100.0, ended_at=112.5, error=error)
     dashboard.run.progress = {0: {"record": {"epoch": 0, "t": 1.0}, "epochs": 5, "steps": 10, "batch": 3}}
@@ -145,11 +145,11 @@ def test_the_plots_follow_jupyterlabs_theme_as_the_extension_reports_it(monkeypa
     import plotly.io as pio
 
     import nbdist
-    from nbdist.lab_comm import LabChannel
-    from nbdist.session import Session
+    from nbdist.notebook.lab_comm import LabChannel
+    from nbdist.notebook.session import Session
 
     session = Session()
-    monkeypatch.setattr(nbdist.session, "get_session", lambda shell=None: session)
+    monkeypatch.setattr(nbdist.notebook.session, "get_session", lambda shell=None: session)
     LabChannel(session).handle(SimpleNamespace(send=lambda message: None), {"action": "theme", "dark": True})
     assert session.theme == "dark"
     d = dashboard_of("nfdt")
@@ -165,8 +165,8 @@ def test_the_plots_follow_jupyterlabs_theme_as_the_extension_reports_it(monkeypa
 def test_a_dashboard_tab_opened_after_the_run_ended_shows_its_final_figures():
     from types import SimpleNamespace
 
-    from nbdist.lab_comm import LabChannel
-    from nbdist.session import Session
+    from nbdist.notebook.lab_comm import LabChannel
+    from nbdist.notebook.session import Session
 
     session = Session()
     box = SimpleNamespace(comm=object(), model_id="box-1")

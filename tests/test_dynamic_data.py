@@ -154,8 +154,8 @@ def test_an_engine_that_joins_an_ashl_run_is_profiled_allocated_and_dealt_batche
     mine = [(epoch, c) for epoch, dealt in by_epoch.items() for w, _, c in dealt if w == 2]
     assert mine and sorted({e for e, _ in mine}) == list(range(min(e for e, _ in mine), 4))
     assert all(c <= max(sizes) for _, c in mine) and any(c in sizes for _, c in mine), (sizes, mine)
-    assert kernel.value("'ASHL profile' in nbdist.ashl.report.profile_table(nbdist.last_run) and "
-                        "len(nbdist.ashl.report.profile_table(nbdist.last_run).splitlines()) == 3 + 3")
+    assert kernel.value("'ASHL profile' in nbdist.strategies.ashl.report.profile_table(nbdist.last_run) and "
+                        "len(nbdist.strategies.ashl.report.profile_table(nbdist.last_run).splitlines()) == 3 + 3")
 
 
 def test_hfdt_after_a_death_splits_the_rest_of_the_epoch_over_the_survivors_each_sample_once(kernel, cluster):

@@ -47,7 +47,7 @@ def test_a_worker_that_fails_frees_every_engine_of_the_run(kernel, cluster, stra
 
 def test_a_failure_in_the_kernels_half_of_a_run_frees_the_engines(kernel, cluster):
     idle_engines(cluster, 2)
-    kernel.run("import nbdist.ashl.coordinator as _c\n_update = _c.Coordinator.update\n"
+    kernel.run("import nbdist.strategies.ashl.coordinator as _c\n_update = _c.Coordinator.update\n"
                "def _broken(self, *args):\n    raise ZeroDivisionError('injected in the coordinator')\n"
                "_c.Coordinator.update = _broken").check()
     try:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from nbdist.fused_steps import fusable, fused_steps, steps_done
-from nbdist.reporter import ProgressReporter
+from nbdist.keras_semantics.fused_steps import fusable, fused_steps, steps_done
+from nbdist.engine.reporter import ProgressReporter
 
 
 class Counter(keras.callbacks.Callback):
@@ -51,6 +51,6 @@ def test_fused_steps_train_as_single_steps_and_the_reporter_counts_every_step():
 
 
 def test_a_set_steps_per_epoch_gets_calls_that_divide_it():
-    from nbdist.fused_steps import steps_per_call
+    from nbdist.keras_semantics.fused_steps import steps_per_call
 
     assert [steps_per_call(n) for n in (None, 10, 48, 13, 17, 1)] == [16, 10, 16, 13, 1, 1]

@@ -1,4 +1,4 @@
-"""GPUs shared on one host (nbdist.gpus): the placement rule, what each engine process receives, and
+"""GPUs shared on one host (nbdist.host.gpus): the placement rule, what each engine process receives, and
 the kernel kept off the GPUs after `%load_ext nbdist`. This machine has no GPU: the GPUs here are ids
 the host reports (CUDA_VISIBLE_DEVICES / NBDIST_GPUS), which TensorFlow's CPU build ignores."""
 
@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from nbdist import gpus
-from nbdist.gpus import Placement
+from nbdist.host import gpus
+from nbdist.host.gpus import Placement
 from tests.kernel_driver import KernelDriver
 
 TWO_GPUS = ["0", "1"]
@@ -111,7 +111,7 @@ def gpu_kernel():
 
 
 KERNEL_STATE = ("(os.environ.get('CUDA_VISIBLE_DEVICES'), os.environ.get('NBDIST_CUDA_VISIBLE_DEVICES'), "
-                "nbdist.gpus.kernel_uses_gpus())")
+                "nbdist.host.gpus.kernel_uses_gpus())")
 ENGINE_STATE = ("nbdist.get_session().cluster.client[:].apply_sync(lambda: (__import__('os').environ["
                 "'CUDA_VISIBLE_DEVICES'], __import__('os').environ['TF_FORCE_GPU_ALLOW_GROWTH']))")
 
@@ -150,7 +150,7 @@ def test_kernel_gpu_gives_the_kernel_its_gpus_and_engines_grow(gpu_kernel):
 def test_kernel_that_imported_tensorflow_first_hides_gpus_through_tf_config(gpu_kernel):
     kernel = gpu_kernel()
     kernel.run("import os, tensorflow as tf\n%load_ext nbdist\nimport nbdist").check()
-    assert kernel.value("nbdist.gpus._kernel") == "tf.config"
+    assert kernel.value("nbdist.host.gpus._kernel") == "tf.config"
     assert kernel.value("os.environ['CUDA_VISIBLE_DEVICES']") == "0,1"  # too late for the environment
     assert kernel.value("tf.config.get_visible_devices('GPU')") == []
     reply = kernel.run("%dist status --kernel-gpu")

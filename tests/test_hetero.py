@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from nbdist.errors import OptionError
-from nbdist.hetero import Profile, Slowdown, parse_simulate
-from nbdist.step_timer import StepTimer
+from nbdist.host.hetero import Profile, Slowdown, parse_simulate
+from nbdist.host.step_timer import StepTimer
 
 
 def test_parses_per_worker_values_with_units():
@@ -55,7 +55,7 @@ def test_the_step_timer_counts_compute_and_exchange_apart_from_pauses_and_held_t
 
 
 def test_the_virtual_clock_and_its_step_cost_are_parsed():
-    from nbdist.hetero import StepCost, parse_clock
+    from nbdist.host.hetero import StepCost, parse_clock
 
     assert parse_clock("speed=1,0.5") == ("real", None)
     clock, step = parse_clock("speed=1,0.5; clock=virtual; step=12ms")

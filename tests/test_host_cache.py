@@ -1,10 +1,10 @@
-"""One copy of the data per host (`nbdist.host_cache`): placed once by digest, mapped copy-on-write, bounded."""
+"""One copy of the data per host (`nbdist.datasets.host_cache`): placed once by digest, mapped copy-on-write, bounded."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from nbdist import host_cache
+from nbdist.datasets import host_cache
 
 
 def test_an_array_is_placed_once_and_every_mapping_reads_that_one_file(tmp_path, monkeypatch):

@@ -105,7 +105,7 @@ def test_wheel_carries_the_prebuilt_extension_and_readme_names_it(wheel):
     data = f"nbdist-{wheel.name.split('-')[1]}.data/data/share/jupyter/labextensions/nbdist/"
     assert {data + "package.json", data + "install.json"} <= set(names)
     assert any(n.startswith(data + "static/remoteEntry.") for n in names)
-    assert any(n == "nbdist/horovod.py" for n in names) and any(n == "nbdist/gpus.py" for n in names)
+    assert any(n == "nbdist/horovod.py" for n in names) and any(n == "nbdist/host/gpus.py" for n in names)
     for section in ("notebook host", "engine hosts", "GPU hosts"):
         assert f"dist/{wheel.name}" in readme_commands(section)[0], section
 

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from nbdist import interrupt_guard
+from nbdist.host import interrupt_guard
 from nbdist.limits import LIMITS
 
 
@@ -78,7 +78,7 @@ def test_an_interrupt_an_op_took_for_its_own_failure_still_ends_a_survivors_wait
     a broken collective and wait (up to LIMITS.reform_s) for a re-formed job: the interrupt ends it instead."""
     import tensorflow as tf
 
-    from nbdist.control_bus import ControlBus, ControlPoint
+    from nbdist.strategies.control_bus import ControlBus, ControlPoint
     from nbdist.strategies.hfdt_elastic import Survivor
     from tests.support import within
 

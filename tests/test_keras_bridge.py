@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from nbdist.errors import OptionError
-from nbdist.keras_bridge import FitResult, bind_fit_arguments, install_result, intercept_fit
+from nbdist.keras_semantics.keras_bridge import FitResult, bind_fit_arguments, intercept_fit
+from nbdist.notebook.results import install_result
 
 
 def tiny_model():

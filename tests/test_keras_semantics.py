@@ -208,7 +208,7 @@ def test_a_continuation_starts_from_the_notebook_model(kernel, strategy):
     distribute(kernel, strategy, CONTINUE).check()
     assert kernel.value("first.first") == pytest.approx(math.log(10), abs=1e-5)
     # the notebook's weights and optimizer state went to each worker, nothing more
-    sent = kernel.value("(lambda r: [r.sent, __import__('nbdist.model_sync', fromlist=['_']).ModelState.of(model)"
+    sent = kernel.value("(lambda r: [r.sent, __import__('nbdist.model_parts.model_sync', fromlist=['_']).ModelState.of(model)"
                         ".nbytes, r.workers])(nbdist.last_run)")
     assert sent[0] == {"model_bytes": sent[1] * len(sent[2]), "models": {"model": sent[2]}}, sent
 

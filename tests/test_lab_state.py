@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import math
 
-from nbdist import lab_state
-from nbdist.run import Run
-from nbdist.session import Session
-from nbdist.telemetry import make_record
+from nbdist.notebook import lab_state
+from nbdist.notebook.run import Run
+from nbdist.notebook.session import Session
+from nbdist.engine.telemetry import make_record
 
 
 def running_run() -> Run:
@@ -64,10 +64,11 @@ def test_the_sidebar_offers_every_strategy_before_a_kernel_says_which():
     import re
     from pathlib import Path
 
-    from nbdist.options_reference import strategies_module
     from nbdist.strategies import REGISTRY
+    from tests.support import script
 
     source = (Path(__file__).resolve().parent.parent / "labextension" / "src" / "strategies.ts").read_text()
     listed = re.search(r"DEFAULT_STRATEGIES = \[(.*?)\]", source, re.S).group(1)
     assert sorted(re.findall(r"'([\w-]+)'", listed)) == sorted(REGISTRY)
-    assert source == strategies_module(), "run python -m nbdist.options_reference --strategies labextension/src/strategies.ts"
+    assert source == script("options_reference").strategies_module(), (
+        "run python scripts/options_reference.py --strategies labextension/src/strategies.ts")

@@ -20,7 +20,7 @@ import ipyparallel as ipp
 import psutil
 import pytest
 
-from nbdist import namespace
+from nbdist.host import namespace
 from tests.conftest import DEFINITION, TRAIN
 from tests.kernel_driver import KernelDriver
 from tests.support import eventually, scaled, wait_for
@@ -263,7 +263,7 @@ def test_cluster_started_outside_survives_the_kernel_and_is_released(reaper, out
 
 def test_engines_stop_by_themselves_when_their_controller_is_gone(reaper):
     """What makes engines on other hosts go: nbdist's engines give up after 5 missed heartbeats."""
-    from nbdist.cluster import ClusterHandle
+    from nbdist.cluster.cluster import ClusterHandle
 
     handle = ClusterHandle.start(1)
     try:
@@ -281,7 +281,7 @@ def test_engines_stop_by_themselves_when_their_controller_is_gone(reaper):
 
 def test_stale_means_this_notebook_a_dead_kernel_and_a_cluster_still_running(tmp_path, monkeypatch):
     """The record logic alone: this process stands in for live processes, a wrong start time for a dead one."""
-    from nbdist import lifeline
+    from nbdist.cluster import lifeline
 
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path))
     security = tmp_path / "profile_x" / "security"

@@ -98,7 +98,7 @@ def test_define_refuses_training_options(ip, session):
 
 
 def test_targets_must_be_numbers(ip, session):
-    from nbdist.session import _parse_targets
+    from nbdist.notebook.session import _parse_targets
 
     assert _parse_targets("0, 2") == [0, 2]
     with pytest.raises(OptionError, match="Received: --targets a,b"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from nbdist import strategies
-from nbdist.run import Run
+from nbdist.notebook.run import Run
 from nbdist.strategies import Option, Reports, Strategy
 from nbdist.strategies.local import LocalWorker
 
@@ -44,7 +44,9 @@ def test_it_is_in_the_magics_help_and_parser(echo):
 
 
 def test_it_is_in_the_generated_options_table(echo):
-    from nbdist import options_reference
+    from tests.support import script
+
+    options_reference = script("options_reference")
 
     row = next(line for line in options_reference.markdown().splitlines() if line.startswith("| `--echo-level"))
     assert row.endswith("| echo-test |") and "how loud" in row
@@ -52,7 +54,7 @@ def test_it_is_in_the_generated_options_table(echo):
 
 
 def test_the_dashboard_shows_its_panels_and_its_controls_only(echo):
-    from nbdist.widgets.dashboard import Dashboard
+    from nbdist.notebook.widgets.dashboard import Dashboard
 
     run = Run(strategy="echo-test", options={}, workers=[0], cell="")
     dashboard = Dashboard(run, display=lambda box: None)

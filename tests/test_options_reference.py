@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nbdist import options_reference
+from tests.support import script
+
+options_reference = script("options_reference")
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -12,7 +14,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 def test_readme_options_match_the_magics_parsers():
     text = README.read_text()
     assert options_reference.updated(text) == text, (
-        "README.md's options table is stale: run `python -m nbdist.options_reference --write README.md`")
+        "README.md's options table is stale: run `python scripts/options_reference.py --write README.md`")
 
 
 def test_every_strategy_option_is_listed_with_its_readers():

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from nbdist.errors import OptionError
-from nbdist.pipeline import schedule
-from nbdist.pipeline.split import balanced_cuts, chain_of, check_cuts, positions, stage_part
+from nbdist.model_parts.pipeline import schedule
+from nbdist.model_parts.pipeline.split import balanced_cuts, chain_of, check_cuts, positions, stage_part
 
 
 @pytest.mark.parametrize("kind", schedule.KINDS)
@@ -88,7 +88,7 @@ def test_a_layer_called_twice_falls_whole_in_one_stage():
     import keras
     from keras import layers
 
-    from nbdist.pipeline.split import positions
+    from nbdist.model_parts.pipeline.split import positions
 
     item = layers.Input((4,))
     tower = keras.Model(item, layers.Dense(3)(item), name="tower")
@@ -149,7 +149,7 @@ def test_a_subclassed_model_is_refused_with_what_to_do():
 
 
 def test_the_stages_results_are_put_together_in_the_whole_models_order():
-    from nbdist.keras_bridge import FitResult
+    from nbdist.keras_semantics.keras_bridge import FitResult
     from nbdist.strategies.pipeline import assemble
 
     def stage(weight_index, trainable_index, weights, slots, history):
@@ -168,7 +168,7 @@ def test_the_stages_results_are_put_together_in_the_whole_models_order():
 
 
 def test_a_workers_position_among_replicated_pipelines():
-    from nbdist.pipeline.replicas import Position
+    from nbdist.model_parts.pipeline.replicas import Position
 
     # 2 pipelines of 3 stages: ranks 0-2 and 3-5
     middle = Position(rank=4, stages=3, replicas=2)
@@ -186,7 +186,7 @@ def test_keep_weights_auto_keeps_on_the_engines_what_the_notebook_host_could_not
     back; one already kept stays. (A broadcast array has the nbytes of its shape without the memory.)"""
     import psutil
 
-    from nbdist.model_sync import ModelState
+    from nbdist.model_parts.model_sync import ModelState
     from nbdist.strategies import make_strategy
 
     def decided(**state):

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from nbdist.hetero import Profile, StepCost
+from nbdist.host.hetero import Profile, StepCost
 from nbdist.planner.chart import plan_figure
 from nbdist.planner.calibrate import solve
 from nbdist.planner.costs import ClusterCosts, MeasuredSteps, ServerCosts
@@ -137,8 +137,8 @@ def test_virtual_workers_emulate_each_strategys_own_schedule_rule_and_learning_r
 
 
 def test_a_short_run_simulates_the_plans_cluster_and_trains_on_the_first_samples():
-    from nbdist.hetero import parse_clock, parse_simulate
-    from nbdist.keras_bridge import FitRequest
+    from nbdist.host.hetero import parse_clock, parse_simulate
+    from nbdist.keras_semantics.keras_bridge import FitRequest
     from nbdist.planner.short_runs import limit_request, simulate_text
 
     text = simulate_text(COSTS, 2)
@@ -206,7 +206,7 @@ def test_several_seeds_give_the_mean_curve_and_each_seeds_time_to_target_by_hand
 
 def test_the_plans_own_options_are_refused_without_strategy_auto():
     from nbdist.errors import OptionError
-    from nbdist.session import Session
+    from nbdist.notebook.session import Session
 
     with pytest.raises(OptionError, match="--target-accuracy, --plan-seeds: options of --strategy auto"):
         Session()._strategy_for("model.fit(x, y)", {"strategy": "hfdt", "target_accuracy": 0.9, "plan_seeds": 3})
@@ -287,7 +287,7 @@ def test_the_profile_reads_an_epochs_samples_and_batch_from_arrays_pipelines_and
     with pytest.raises(OptionError, match="this cell fits a generator"):
         epoch_of((b for b in [x]), None)
 
-    from nbdist.keras_bridge import FitRequest
+    from nbdist.keras_semantics.keras_bridge import FitRequest
     from nbdist.planner.short_runs import limit_request
 
     short = FitRequest(None, {"x": Batches(), "y": None, "epochs": 1, "initial_epoch": 0, "steps_per_epoch": 5}, None)

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from nbdist.progress import _interrupt_after
+from nbdist.notebook.progress import _interrupt_after
 
 
 @pytest.fixture(autouse=True)

@@ -359,7 +359,7 @@ def test_a_dropped_worker_is_no_longer_waited_for_at_an_epoch_end():
 def test_the_push_log_keeps_a_window_in_memory_and_every_push_in_its_file(tmp_path):
     """A long run's log must not grow the shard: the stats carry the window, the file every push."""
     from nbdist.ps.client import PsClient
-    from nbdist.run import Run, whole_log
+    from nbdist.notebook.run import Run, whole_log
 
     path = tmp_path / "run-1.pushlog-0.jsonl"
     info = launcher.start_shard({"shard": 0, "workers": 1, "log_path": str(path), "log_window": 50}, KEY)

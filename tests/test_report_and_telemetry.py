@@ -6,9 +6,10 @@ import keras
 import numpy as np
 import pytest
 
-from nbdist import report, telemetry
-from nbdist.cluster import EngineInfo
-from nbdist.reporter import ProgressReporter
+from nbdist.notebook import report
+from nbdist.engine import telemetry
+from nbdist.cluster.cluster import EngineInfo
+from nbdist.engine.reporter import ProgressReporter
 
 
 def test_engine_table_has_one_row_per_engine_with_state():
@@ -56,10 +57,10 @@ def test_reporter_records_epochs_samples_and_publishes():
 
 
 def test_worker_table_summarises_each_rank():
-    from nbdist.keras_bridge import FitResult
-    from nbdist.report import worker_table
-    from nbdist.run import Run
-    from nbdist.telemetry import make_record
+    from nbdist.keras_semantics.keras_bridge import FitResult
+    from nbdist.notebook.report import worker_table
+    from nbdist.notebook.run import Run
+    from nbdist.engine.telemetry import make_record
 
     run = Run(strategy="nfdt", options={}, workers=[3, 5], cell="")
     run.hosts = {3: {"host": "a"}, 5: {"host": "b"}}

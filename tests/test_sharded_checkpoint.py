@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from nbdist.errors import OptionError
-from nbdist.sharded_checkpoint import Ownership, index_path, write_part
+from nbdist.model_parts.sharded_checkpoint import Ownership, index_path, write_part
 
 
 def trained_model():

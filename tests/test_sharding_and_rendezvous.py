@@ -11,9 +11,9 @@ import pytest
 import tensorflow as tf
 
 from nbdist.errors import ClusterError, OptionError
-from nbdist.netroute import interface_towards
-from nbdist.rendezvous import Rendezvous, host_plan
-from nbdist.sharding import shard_arrays, shard_dataset, split_validation
+from nbdist.host.netroute import interface_towards
+from nbdist.strategies.rendezvous import Rendezvous, host_plan
+from nbdist.datasets.sharding import shard_arrays, shard_dataset, split_validation
 from nbdist.strategies.hfdt_worker import require_resolvable
 from nbdist.strategies.horovod_ops import lr_scaler as _lr_scaler
 
@@ -102,7 +102,7 @@ def test_an_unresolvable_host_name_is_refused_before_horovod_crashes_on_it():
 
 
 def test_speed_shares_are_interleaved_and_cover_every_sample_once():
-    from nbdist.sharding import shard_by_fraction, weighted_owners
+    from nbdist.datasets.sharding import shard_by_fraction, weighted_owners
 
     owners = weighted_owners(10, [2.0, 1.0, 2.0])  # shares 4, 2, 4 of ten samples, spread through them
     assert owners.tolist() == [0, 2, 1, 0, 2, 0, 2, 1, 0, 2]

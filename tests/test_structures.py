@@ -1,4 +1,4 @@
-"""`nbdist.structures`: fit's data as Keras takes it, any nest of lists, tuples and dicts of arrays."""
+"""`nbdist.datasets.structures`: fit's data as Keras takes it, any nest of lists, tuples and dicts of arrays."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections import namedtuple
 import numpy as np
 import pytest
 
-from nbdist import structures
+from nbdist.datasets import structures
 from nbdist.errors import OptionError
 
 

@@ -6,7 +6,7 @@ import keras
 import pytest
 
 from nbdist.errors import OptionError
-from nbdist.tensor_parallel.plan import plan_splits
+from nbdist.model_parts.tensor_parallel.plan import plan_splits
 from tests.support import TRANSFORMER
 
 
@@ -60,7 +60,7 @@ def test_a_layer_type_that_cannot_be_split_is_replicated_and_says_so():
 ])
 def test_an_einsum_dense_splits_along_an_output_axis_its_kernel_alone_gives(equation, output_shape, bias_axes,
                                                                           kernel_axes, gather_axis):
-    from nbdist.tensor_parallel.plan import einsum_split, split_axes
+    from nbdist.model_parts.tensor_parallel.plan import einsum_split, split_axes
 
     layer = keras.layers.EinsumDense(equation, output_shape, bias_axes=bias_axes, name="e")
     model = keras.Sequential([keras.Input((16, 64)), layer, keras.layers.Flatten(), keras.layers.Dense(4)])

@@ -1,4 +1,4 @@
-"""Engines share a host's cores (nbdist.threads): the split rule, how an engine process applies it, and
+"""Engines share a host's cores (nbdist.host.threads): the split rule, how an engine process applies it, and
 the TensorFlow settings read back from the engines of a real cluster (`--threads` parsing: test_magics)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from nbdist import threads
-from nbdist.threads import Threads
+from nbdist.host import threads
+from nbdist.host.threads import Threads
 from tests.kernel_driver import KernelDriver
 from tests.support import own_cluster
 

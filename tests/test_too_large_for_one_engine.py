@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbdist import memory_caps
+from nbdist.cluster import memory_caps
 from tests.support import idle_engines, own_cluster
 
 pytestmark = pytest.mark.cluster
@@ -74,7 +74,7 @@ def caps(kernel, cluster) -> list[int]:
 
 def _peaks(kernel, ids: list[int]) -> list[int]:
     """The most each engine held since it was capped (`memory.max_usage_in_bytes`)."""
-    return kernel.value(f"[nbdist.session.get_session().cluster.caps.peak(e) for e in {ids}]")
+    return kernel.value(f"[nbdist.notebook.session.get_session().cluster.caps.peak(e) for e in {ids}]")
 
 
 def _targets(caps, which: slice) -> str:

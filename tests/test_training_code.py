@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from nbdist.errors import OptionError
-from nbdist.loop_data import LoopData, refuse_unshareable
-from nbdist.loop_state import INSTALL, Snapshot, install, replay_source
-from nbdist.training_code import bound_names, shard_data_loops, training_of
+from nbdist.engine.loop_data import LoopData, refuse_unshareable
+from nbdist.engine.loop_state import INSTALL, Snapshot, install, replay_source
+from nbdist.keras_semantics.training_code import bound_names, shard_data_loops, training_of
 
 GUIDE = textwrap.dedent('''
     epochs = 2
@@ -132,7 +132,7 @@ def test_what_rank_0_left_is_installed_into_the_notebooks_own_objects():
     import cloudpickle
     import keras
 
-    from nbdist.loop_state import keras_state
+    from nbdist.engine.loop_state import keras_state
 
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     optimizer = keras.optimizers.Adam()

@@ -248,7 +248,7 @@ def test_a_rule_the_optimizer_cannot_take_is_refused_at_the_first_step_before_it
 
 
 def _optimizer_steps():
-    from nbdist.namespace import user_namespace
+    from nbdist.host.namespace import user_namespace
 
     return int(user_namespace()["optimizer"].iterations.numpy())
 
@@ -465,7 +465,7 @@ def _generator_digest():
 
     import numpy as np
 
-    from nbdist.namespace import user_namespace
+    from nbdist.host.namespace import user_namespace
 
     weights = user_namespace()["generator"].get_weights()
     return hashlib.sha256(b"".join(np.asarray(w).tobytes() for w in weights)).hexdigest()

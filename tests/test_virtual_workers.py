@@ -108,7 +108,7 @@ def test_a_warm_up_ramps_the_scaled_learning_rate_from_the_users_over_its_epochs
 
 
 def test_the_worker_trains_the_cells_epochs_without_its_validation_split_and_reports_the_accuracy_of_each():
-    from nbdist.keras_bridge import FitRequest
+    from nbdist.keras_semantics.keras_bridge import FitRequest
     from nbdist.strategies.virtual_workers import VirtualWorkersWorker
 
     x, y = data(40)
@@ -125,7 +125,7 @@ def test_a_cell_that_fits_a_pipeline_is_told_what_the_emulation_needs():
     import tensorflow as tf
 
     from nbdist.errors import OptionError
-    from nbdist.keras_bridge import FitRequest
+    from nbdist.keras_semantics.keras_bridge import FitRequest
     from nbdist.strategies.virtual_workers import VirtualWorkersWorker
 
     x, y = data(8)

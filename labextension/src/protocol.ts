@@ -1,5 +1,5 @@
 /**
- * The messages between the kernel (nbdist/lab_comm.py) and the sidebar, and their validation.
+ * The messages between the kernel (nbdist/notebook/lab_comm.py) and the sidebar, and their validation.
  *
  * Node records follow DESIGN.md section 8 (run, worker, host, step, epoch, t, loss, ...).
  */

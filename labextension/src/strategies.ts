@@ -1,4 +1,4 @@
-// Generated from nbdist's strategy registry by `python -m nbdist.options_reference --strategies labextension/src/strategies.ts`; do not edit.
+// Generated from nbdist's strategy registry by `python scripts/options_reference.py --strategies labextension/src/strategies.ts`; do not edit.
 
 /** The strategies offered before a kernel has said which it knows. */
 export const DEFAULT_STRATEGIES = [

@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..hetero import StepCost, parse_simulate
+from ..host.hetero import StepCost, parse_simulate
 from ..planner.costs import ClusterCosts
 from ..planner.plan import crossing, kendall_tau, make_plan
 from .cells import DATA, MODELS, SETUPS, TRAIN
@@ -70,7 +70,7 @@ def model_bytes(model: str, hidden: int = 128) -> int:
 
 def cluster_costs(args, workers: int | None = None) -> ClusterCosts:
     """The set-up's costs as the planner gets them from a `--simulate` text and the step cost."""
-    from ..hetero import _parse_step
+    from ..host.hetero import _parse_step
 
     profiles = parse_simulate(args.simulate, args.workers)
     return ClusterCosts(tuple(profiles), _parse_step(args.step.lower()), args.samples or 60000, args.batch,
@@ -86,7 +86,7 @@ def scaling_check(args) -> str:
     """The set-up's predictions at `--scaling` worker counts, on a model of the links and of the PS."""
     from dataclasses import replace
 
-    from ..hetero import Profile, _parse
+    from ..host.hetero import Profile, _parse
     from ..planner.costs import ServerCosts
     from ..planner.plan import make_plan, scaling_table
 

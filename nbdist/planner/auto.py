@@ -11,7 +11,7 @@ the asynchronous strategies at scale, is taken as measured on loopback, and the 
 from __future__ import annotations
 
 from ..errors import ClusterError, OptionError
-from ..hetero import Profile, StepCost, parse_clock, parse_simulate
+from ..host.hetero import Profile, StepCost, parse_clock, parse_simulate
 from .calibrate import steady_epoch_s
 from .costs import ClusterCosts, ServerCosts
 from .own_runs import auto_defaults, planner_run

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..hetero import Profile, StepCost
+from ..host.hetero import Profile, StepCost
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Each strategy's epoch time on a cluster, from its costs and the strategy's schedule.
 
-The formulas are the virtual clock's own (`nbdist.virtual_clock`): a step costs t(b) / speed, an
+The formulas are the virtual clock's own (`nbdist.strategies.virtual_clock`): a step costs t(b) / speed, an
 exchange two one-way trips of latency + bytes / bandwidth, a synchronous step the slowest rank
 then a ring allreduce (`ring_allreduce_s`). So on the virtual clock's set-ups a prediction is
 checked against what the same costs produce when the strategy really runs
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from ..virtual_clock import ring_allreduce_s
+from ..strategies.virtual_clock import ring_allreduce_s
 from .costs import ClusterCosts
 
 SGD_RULES = ("dc-asgd", "dc-asgd-a", "dc-asgdk", "ddc-asgd")  # the PS applies SGD itself (`ps.delay.PRESETS`)
@@ -77,8 +77,8 @@ def _local(costs: ClusterCosts, options: dict) -> tuple[float, str]:
 def _hfdt(costs: ClusterCosts, options: dict) -> tuple[float, str]:
     n, batches = costs.workers, [costs.batch] * costs.workers
     if options.get("balance") == "auto":
-        from ..balance import balanced_batches
-        from ..ashl.allocation import CostModel
+        from ..strategies.balance import balanced_batches
+        from ..strategies.ashl.allocation import CostModel
 
         batches = balanced_batches([CostModel(costs.step.fixed_s / p.speed, costs.step.per_sample_s / p.speed)
                                     for p in costs.profiles], costs.batch)
@@ -172,9 +172,9 @@ def _ashl(costs: ClusterCosts, options: dict) -> tuple[list[float], str]:
     (`ashl.allocation.allocate_commits`, as the coordinator solves it), batches dealt; from the first epoch end
     at or past 20 % of the epochs (on exact profiles the allocation holds at once: `ashl.switch`) synchronous
     rounds of the workers that commit every interval (SHL; a slower link leaves at the switch)."""
-    from ..ashl.allocation import CostModel, allocate_commits
-    from ..ashl.coordinator import MIN_SHARE
-    from ..ashl.switch import MIN_PROGRESS
+    from ..strategies.ashl.allocation import CostModel, allocate_commits
+    from ..strategies.ashl.coordinator import MIN_SHARE
+    from ..strategies.ashl.switch import MIN_PROGRESS
 
     extra = costs.measured.step_extra_s if costs.measured else 0.0
     models = [CostModel(costs.step.fixed_s / p.speed + extra, costs.step.per_sample_s / p.speed, costs.exchange_s(k))
@@ -208,8 +208,8 @@ def _ashl(costs: ClusterCosts, options: dict) -> tuple[list[float], str]:
 def _ashl_profile_s(costs: ClusterCosts, models: list) -> float:
     """What ASHL's profile costs the first epoch: steps at b and 2b within its budget, push-sized round trips
     (`strategies.ashl.virtual_profile`), the slowest worker's."""
-    from ..ashl.profiling import BUDGET_S, steps_within_budget
-    from ..strategies.ashl import MIN_PROBES, PROBES
+    from ..strategies.ashl.profiling import BUDGET_S, steps_within_budget
+    from ..strategies.ashl.strategy import MIN_PROBES, PROBES
 
     def one(m) -> float:
         pair = 2 * m.fixed_s + 3 * m.per_sample_s * costs.batch

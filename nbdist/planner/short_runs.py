@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 
-from .. import structures
+from ..datasets import structures
 
 STEPS = 400  # steps of the cell's batch a short run trains in all, over every worker and epoch
 POINTS = 4  # accuracy measured at least this many times in a short run (its epochs over the first samples)
@@ -41,7 +41,7 @@ def limit_request(request, samples: int, epochs: int | None = None, validation: 
     rank takes its share of those), trained for `epochs` (accuracy is then known after each `samples`)."""
     import numpy as np
 
-    from ..sharding import dataset_batch, is_dataset, is_py_dataset, py_dataset_of
+    from ..datasets.sharding import dataset_batch, is_dataset, is_py_dataset, py_dataset_of
 
     def arrays(value) -> bool:  # an array, or any nest of them (`structures`)
         leaves = structures.flatten(value)

@@ -12,7 +12,7 @@ staleness bound or virtual-time order waits for it (`awaiting`).
 
 from __future__ import annotations
 
-from ..batches import Dispatcher
+from ..datasets.batches import Dispatcher
 from . import wire
 
 

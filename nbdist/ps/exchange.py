@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..hetero import Slowdown
-from ..step_timer import StepTimer
+from ..host.hetero import Slowdown
+from ..host.step_timer import StepTimer
 from .client import PsClient, PsRefused
 from .flat_layout import FlatLayout, is_flat
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..learning_rate import schedule_of
-from ..optimizer_state import ITERATIONS
+from ..keras_semantics.learning_rate import schedule_of
+from ..keras_semantics.optimizer_state import ITERATIONS
 
 
 def warm_up() -> None:
@@ -35,7 +35,7 @@ class KerasUpdater:
         import keras
         import tensorflow as tf
 
-        from .. import optimizer_state
+        from ..keras_semantics import optimizer_state
 
         self.names = list(variables)
         self.optimizer = keras.optimizers.deserialize(config)
@@ -71,7 +71,7 @@ class KerasUpdater:
         return {"outcome": "applied", "gamma": None, "momentum": None, "comp_norm": None, "lr": lr}
 
     def _set_scale(self, scale: float) -> None:
-        from ..learning_rate import scaled, unscaled
+        from ..keras_semantics.learning_rate import scaled, unscaled
 
         schedule = schedule_of(self.optimizer)
         if schedule is None:
@@ -95,7 +95,7 @@ class KerasUpdater:
                 np.copyto(variables[name], variable.numpy())
 
     def state(self) -> dict[str, np.ndarray]:
-        from .. import optimizer_state
+        from ..keras_semantics import optimizer_state
 
         arrays, step = optimizer_state.export(self.optimizer, self.keras_variables, self.names)
         return {**arrays, ITERATIONS: np.array(step, np.int64)}

@@ -10,7 +10,7 @@ import threading
 
 from ..errors import ClusterError
 from ..limits import LIMITS
-from ..netroute import local_ip_towards
+from ..host.netroute import local_ip_towards
 from . import same_host, started
 
 _started_here: dict[int, subprocess.Popen] = {}  # pid -> process, in whichever process called start_shard

@@ -68,7 +68,7 @@ def spec_from_keras(optimizer) -> OptimizerSpec:
 def _learning_rate_of(optimizer) -> tuple[float, dict | None]:
     import keras
 
-    from ..learning_rate import schedule_of, unscaled
+    from ..keras_semantics.learning_rate import schedule_of, unscaled
 
     schedule = schedule_of(optimizer)
     if schedule is not None:

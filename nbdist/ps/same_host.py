@@ -30,7 +30,7 @@ import secrets
 import shutil
 import tempfile
 
-from ..host import boot_id, network_namespace
+from ..host.facts import boot_id, network_namespace
 
 SHM_DIR = "/dev/shm"
 ENV_SWITCH = "NBDIST_PS_SAME_HOST"  # "0": every exchange takes the signed TCP path, as across hosts

@@ -17,7 +17,7 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from ..limits import LIMITS
-from ..optimizer_state import ITERATIONS
+from ..keras_semantics.optimizer_state import ITERATIONS
 from . import rules, wire
 from .compression import decode_push
 from .dealer import Dealer

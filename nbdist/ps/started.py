@@ -1,5 +1,5 @@
 """The processes this process started that must not outlive it (parameter-server shards): the launcher notes
-each one; whoever guards this process's death (`nbdist.lifeline`'s watcher) listens. Imports nothing."""
+each one; whoever guards this process's death (`nbdist.cluster.lifeline`'s watcher) listens. Imports nothing."""
 
 from __future__ import annotations
 

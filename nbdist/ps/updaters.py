@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..optimizer_state import ITERATIONS
+from ..keras_semantics.optimizer_state import ITERATIONS
 from . import delay, rules
 from .flat_layout import FlatLayout
 

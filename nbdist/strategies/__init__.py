@@ -122,7 +122,7 @@ def _register_builtin() -> None:
     from .adsp import AdspStrategy
     from .asgd import (AsgdStrategy, DcAsgdAdaptiveStrategy, DcAsgdKStrategy, DcAsgdStrategy, DdcAsgdStrategy,
                        SsgdStrategy)
-    from .ashl import AshlStrategy
+    from .ashl.strategy import AshlStrategy
     from .hfdt import HfdtStrategy
     from .local import LocalStrategy
     from .nfdt import NfdtStrategy

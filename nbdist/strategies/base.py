@@ -61,7 +61,7 @@ Sentence = Callable[[dict, Any], str]  # (event, run) -> what the cell prints
 class Reports:
     """What a strategy's runs report, read by the dashboard, the sidebar and the experiments.
 
-    `panels`: the dashboard's figures (names in `nbdist.widgets.panels`); `controls`: the live
+    `panels`: the dashboard's figures (names in `nbdist.notebook.widgets.panels`); `controls`: the live
     controls `Strategy.control` honours; `phases`: the training phases it goes through; `events`: the
     kinds of event its runs record (`Run.record`) beyond `COMMON_EVENTS`, each with the sentence it prints
     under the cell, in the dashboard and the sidebar (None: recorded, not told).
@@ -71,6 +71,16 @@ class Reports:
     controls: tuple[str, ...] = ("pause", "resume", "stop")
     phases: tuple[str, ...] = ()
     events: Mapping[str, Sentence | None] = field(default_factory=dict)
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    """Left-aligned columns separated by two spaces: the plain-text form of every report (`%dist status`, ASHL's
+    profile, the runs)."""
+    cells = [[str(c) for c in header]] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
 
 
 def _first_epoch(event) -> str:
@@ -124,7 +134,7 @@ class Worker:
 
     def result(self, request, history, records, timings, states):
         """What this worker sends back for one `fit`: the trained model, History, records (a `FitResult`)."""
-        from ..keras_bridge import FitResult
+        from ..keras_semantics.keras_bridge import FitResult
 
         return FitResult.collect(request.model, history, records, timings, states, self.files_written)
 
@@ -133,15 +143,15 @@ class Worker:
         return contextlib.nullcontext()
 
     def control_point(self):
-        """The run's live controls as this worker sees them (`nbdist.control_bus.ControlPoint`); close it."""
-        from ..control_bus import ControlPoint
+        """The run's live controls as this worker sees them (`nbdist.strategies.control_bus.ControlPoint`); close it."""
+        from .control_bus import ControlPoint
 
         return ControlPoint(self.spec["control"])
 
     def refuse_other_optimizers(self, request) -> None:
         """This strategy updates the model through `model.optimizer` alone: a model whose own `train_step`
         applies optimizers of its own (a GAN's two) is refused by name, before it trains, with what to use."""
-        from ..keras_bridge import other_optimizers
+        from ..keras_semantics.keras_bridge import other_optimizers
 
         others = sorted(other_optimizers(request.model))
         if others:
@@ -189,7 +199,7 @@ class Worker:
     def act_on_controls(self, flags) -> None:
         """In a step of the cell's loop while a control is on (`flags`: [paused, stop], what the ranks agreed or
         this worker saw): a pause waits here, a stop ends the loop (`LoopStopped`)."""
-        from ..step_seam import LoopStopped
+        from ..keras_semantics.step_seam import LoopStopped
 
         with self.control_lock:
             self.loop_control.act(flags)
@@ -206,8 +216,8 @@ class Worker:
 
     def user_callbacks(self, request) -> list:
         """The cell's callbacks this rank runs: all on rank 0, the file writers nowhere else
-        (see `nbdist.callbacks`); what changed for this rank is undone when their state is collected."""
-        from .. import callbacks
+        (see `nbdist.keras_semantics.callbacks`); what changed for this rank is undone when their state is collected."""
+        from ..keras_semantics import callbacks
 
         kept, self.callback_changes = callbacks.for_rank(request.callbacks, self.rank, self.size)
         self.files_written = callbacks.files_written(kept) if self.rank == 0 else []
@@ -238,7 +248,7 @@ class Strategy:
 
     def __init__(self, values: dict):
         self.values = values
-        self.bus = None  # the run's control bus (`nbdist.control_bus`), set by `Run` while it runs
+        self.bus = None  # the run's control bus (`nbdist.strategies.control_bus`), set by `Run` while it runs
         self.notebook_models: dict = {}  # fills_own_part: {name: the notebook's `ModelState`}, set before prepare
         self.training: dict | None = None  # how the cell trains, as the kernel read it (`training_code.Training`)
         self.loop_states: dict = {}  # a loop cell's optimizers and metrics as the notebook holds them (`loop_state`)
@@ -284,14 +294,14 @@ class Strategy:
     @property
     def clock(self) -> str:
         """real, or virtual (`--simulate "...; clock=virtual"`: DESIGN.md section 7)."""
-        from ..hetero import parse_clock
+        from ..host.hetero import parse_clock
 
         return parse_clock(self.values.get("simulate"))[0]
 
     def clock_config(self, workers: int) -> dict:
         """What every worker needs of `--simulate`: each rank's profile, and the virtual clock's step (None:
         the real clock)."""
-        from ..hetero import parse_clock, parse_simulate
+        from ..host.hetero import parse_clock, parse_simulate
 
         clock, step = parse_clock(self.value("simulate"))
         return {"simulate": [p.to_json() for p in parse_simulate(self.value("simulate"), workers)],
@@ -372,8 +382,8 @@ class Strategy:
     def admit(self, run, eid: int, rank: int, config: dict) -> dict:
         """Take engine `eid` (prepared: definitions, models and its share of the data are there) into the
         running job as rank `rank`; returns its worker's config (`config`: what `prepare` gave the others).
-        Raises `nbdist.newcomers.Refused` with the reason when it cannot join now."""
-        from ..newcomers import Refused
+        Raises `nbdist.strategies.newcomers.Refused` with the reason when it cannot join now."""
+        from .newcomers import Refused
 
         raise Refused(f"--strategy {self.name} does not take engines that join a running run")
 

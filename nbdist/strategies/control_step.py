@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..control_bus import PAUSED, STOP
+from .control_bus import PAUSED, STOP
 
 
 class StepControls:

@@ -10,7 +10,7 @@ import time
 
 from ..errors import CollectiveStalled, EngineDied, OptionError
 from ..limits import LIMITS
-from ..rendezvous import Rendezvous, host_plan, require_horovod
+from .rendezvous import Rendezvous, host_plan, require_horovod
 from .base import Option, Reports, Strategy
 from .hfdt_elastic import LEFT_KEY
 from .hfdt_worker import HfdtWorker
@@ -130,7 +130,7 @@ class HfdtStrategy(Strategy):
     def admit(self, run, eid: int, rank: int, config: dict) -> dict:
         """A larger job over the current ranks and engine `eid`, opened now; the ranks leave for it at an
         epoch's end once the newcomer waits for it (`check`). Not in the run's last epoch."""
-        from ..newcomers import Refused
+        from .newcomers import Refused
 
         if self.reforming or self.abandoned or self.growing:
             raise Refused("the Horovod job is changing", retry=True)

@@ -14,7 +14,7 @@ static shards the batches a failed call had drawn are not trained on, and the de
 dealt out again: each survivor keeps its own.
 
 The job grows the same way, at an epoch's end: once every rank has seen the kernel announce a larger
-job (an engine joined the run, `nbdist.newcomers`), all leave for it together, and the newcomer,
+job (an engine joined the run, `nbdist.strategies.newcomers`), all leave for it together, and the newcomer,
 waiting for them, takes rank 0's weights, optimizer state and the next epoch (`join_grown_job`).
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 
-from ..interrupt_guard import interrupted
+from ..host.interrupt_guard import interrupted
 from ..limits import LIMITS
 
 COLLECTIVE_MARKS = ("Horovod", "/gloo/", "nbdist_gradients")  # in the error of a step whose collective broke
@@ -187,7 +187,7 @@ def join_grown_job(hvd_join, control, model, job: dict, left) -> dict | None:
         if time.time() > deadline:
             return None
         time.sleep(0.05)  # polling the control bus, bounded by the deadline
-    from ..learning_rate import schedule_of
+    from ..keras_semantics.learning_rate import schedule_of
 
     hvd = hvd_join(job)
     optimizer = model.optimizer

@@ -39,7 +39,7 @@ class HorovodLoop:
             optimizer.build(variables)
         ops.broadcast_from_rank0(self.hvd, list(variables) + list(optimizer.variables))
         if self.scale_lr and self.hvd.size() > 1:
-            from ..learning_rate import scaled, schedule_of
+            from ..keras_semantics.learning_rate import scaled, schedule_of
 
             schedule = schedule_of(optimizer)
             self.learning_rates.append((optimizer, schedule if schedule is not None else

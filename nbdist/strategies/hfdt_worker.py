@@ -12,16 +12,18 @@ import math
 import os
 import sys
 
-from .. import balance, dynamic_data, gpus, structures
-from ..empty_weights import variable_bytes
+from . import balance
+from ..datasets import dynamic_data, structures
+from ..host import gpus
+from ..keras_semantics.empty_weights import variable_bytes
 from ..errors import ClusterError
-from ..fused_steps import fused_steps
-from ..hetero import Slowdown
-from ..keras_bridge import apply_gradients_restored, build_for_training, other_optimizers
+from ..keras_semantics.fused_steps import fused_steps
+from ..host.hetero import Slowdown
+from ..keras_semantics.keras_bridge import apply_gradients_restored, build_for_training, other_optimizers
 from ..limits import LIMITS
-from ..netroute import interface_towards
-from ..sharding import shard_fit_data
-from ..step_timer import StepTimer
+from ..host.netroute import interface_towards
+from ..datasets.sharding import shard_fit_data
+from ..host.step_timer import StepTimer
 from . import horovod_ops as ops
 from .base import Worker
 from .control_step import StepControls, acting_on
@@ -274,8 +276,8 @@ class HfdtWorker(Worker):
         virtual = self.config.get("virtual")
         if virtual is None:
             return None
-        from ..hetero import StepCost
-        from ..virtual_clock import measure_step_cost
+        from ..host.hetero import StepCost
+        from .virtual_clock import measure_step_cost
 
         step = virtual.get("step") or (measure_step_cost(model, data, batch).to_json() if self.rank == 0 else None)
         self.virtual_step = StepCost(**hvd.broadcast_object(step, root_rank=0, name="nbdist_step_cost")).at(batch)
@@ -283,14 +285,14 @@ class HfdtWorker(Worker):
 
     def _virtual_step_s(self, model, step, batches: list[int]) -> float:
         """A synchronous step's virtual seconds: the slowest rank's compute at its batch, then a ring allreduce."""
-        from ..virtual_clock import ring_allreduce_s
+        from .virtual_clock import ring_allreduce_s
 
         profiles = self._profiles()
         return ring_allreduce_s(profiles, [step.seconds(b) / p.speed for b, p in zip(batches, profiles)],
                                 _gradient_bytes(model))
 
     def _profiles(self) -> list:
-        from ..hetero import Profile
+        from ..host.hetero import Profile
 
         return [Profile(**p) for p in self.config["simulate"]]
 

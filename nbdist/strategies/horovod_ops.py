@@ -96,7 +96,7 @@ def lr_scaler(optimizer, factor: int, warmup_epochs: float):
     learning rate (a constant or a schedule) is back in place at the end."""
     import keras
 
-    from ..learning_rate import scaled, schedule_of
+    from ..keras_semantics.learning_rate import scaled, schedule_of
 
     class LearningRateScaler(keras.callbacks.Callback):
         fused_steps_safe = warmup_epochs <= 0  # its batch hook only ramps a warm-up

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..hetero import Profile, StepCost
+from ..host.hetero import Profile, StepCost
 from .base import Strategy, Worker
 from .control_step import acting_on
 from .options import SIMULATE
@@ -26,8 +26,8 @@ class LocalWorker(Worker):
         virtual = self.config.get("virtual")
         if virtual is None:
             return
-        from ..keras_bridge import build_for_training
-        from ..virtual_clock import measure_step_cost
+        from ..keras_semantics.keras_bridge import build_for_training
+        from .virtual_clock import measure_step_cost
 
         batch = request.samples_per_step or 32
         if virtual.get("step"):

@@ -24,10 +24,12 @@ from dataclasses import asdict, replace
 
 import numpy as np
 
-from .. import dynamic_data, interrupt_guard, optimizer_state, structures
+from ..datasets import dynamic_data, structures
+from ..host import interrupt_guard
+from ..keras_semantics import optimizer_state
 from ..errors import NbdistError, OptionError, ParameterServerFailed
-from ..hetero import Profile, Slowdown, StepCost, parse_simulate
-from ..keras_bridge import apply_gradients_restored, build_for_training
+from ..host.hetero import Profile, Slowdown, StepCost, parse_simulate
+from ..keras_semantics.keras_bridge import apply_gradients_restored, build_for_training
 from ..limits import LIMITS
 from ..ps import checkpoint, delay, rules
 from ..ps.client import PsClient, merged
@@ -35,8 +37,8 @@ from ..ps.exchange import PushPull
 from ..ps.flat_layout import layout_digest
 from ..ps.partition import partition
 from ..ps.service import PsService
-from ..sharding import shard_fit_data
-from ..virtual_clock import VirtualClock, measure_step_cost
+from ..datasets.sharding import shard_fit_data
+from .virtual_clock import VirtualClock, measure_step_cost
 from . import options as opt
 from .base import Reports, Strategy, Worker
 from .ps_tables import OptimizerTables
@@ -144,7 +146,7 @@ class PsWorker(Worker):
         return np.array([0.0, float(self.optimizer_tables.stop_asked())], np.float32)
 
     def act_on_controls(self, flags) -> None:
-        from ..step_seam import LoopStopped
+        from ..keras_semantics.step_seam import LoopStopped
 
         raise LoopStopped("the run was stopped")
 
@@ -410,7 +412,7 @@ class PsStrategy(Strategy):
                 **self.clock_config(len(run.workers))}
 
     def orders_loop_pushes(self) -> bool:
-        from ..hetero import parse_clock
+        from ..host.hetero import parse_clock
 
         clock, step = parse_clock(self.value("simulate"))
         return clock == "virtual" and step is not None
@@ -425,7 +427,7 @@ class PsStrategy(Strategy):
         """Every shard takes worker `rank` into the running fit; it pulls the current weights and trains batches
         shard 0 deals it from the open epoch on (`--data dynamic`), or its strided share 1/(rank + 1) of the data
         from the epoch after the last one any worker finished."""
-        from ..newcomers import Refused
+        from .newcomers import Refused
 
         epochs = max((p.get("epochs") or 0 for p in run.progress.values()), default=0)
         if not epochs:

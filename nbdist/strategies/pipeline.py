@@ -3,7 +3,7 @@
 Stage i holds only its layers' variables and their optimizer state. Each mini-batch is cut
 into M micro-batches that flow through the stages on the 1F1B (default) or GPipe schedule;
 activations and their gradients travel between neighbours over nbdist's signed wire. See
-DESIGN.md section 9, docs/strategies/pipeline.md and `nbdist.pipeline`.
+DESIGN.md section 9, docs/strategies/pipeline.md and `nbdist.model_parts.pipeline`.
 """
 
 from __future__ import annotations
@@ -12,25 +12,25 @@ import contextlib
 
 import numpy as np
 
-from .. import gpus
-from ..empty_weights import fill, finalize_states, materialized, weights_without_values
+from ..host import gpus
+from ..keras_semantics.empty_weights import fill, finalize_states, materialized, weights_without_values
 from ..errors import OptionError
-from ..keras_bridge import FitResult, build_from_sample
-from ..model_parts import (load_slots, notebook_name, optimizer_prefix, refuse_second_fit, release, slot_indices,
-                           slots_per_variable, taken)
-from ..pipeline import schedule as schedules
-from ..pipeline import split as splits
-from ..pipeline.links import AddressBook, StageLinks
-from ..pipeline.replicas import Position
-from ..pipeline.stage import SAVE, differentiable, gather, index_batches, stage_model
-from ..pipeline.streams import Stream, is_stream
-from ..pipeline.streams import steps as stream_steps
-from .. import kept_weights
-from ..sharded_checkpoint import (Ownership, index_path, refuse_unservable_savers, with_checkpoints, write_gathered,
-                                  write_part)
+from ..keras_semantics.keras_bridge import FitResult, build_from_sample
+from ..model_parts.desk import (load_slots, notebook_name, optimizer_prefix, refuse_second_fit, release, slot_indices,
+                                slots_per_variable, taken)
+from ..model_parts.pipeline import schedule as schedules
+from ..model_parts.pipeline import split as splits
+from ..model_parts.pipeline.links import AddressBook, StageLinks
+from ..model_parts.pipeline.replicas import Position
+from ..model_parts.pipeline.stage import SAVE, differentiable, gather, index_batches, stage_model
+from ..model_parts.pipeline.streams import Stream, is_stream
+from ..model_parts.pipeline.streams import steps as stream_steps
+from ..model_parts import kept_weights
+from ..model_parts.sharded_checkpoint import (Ownership, index_path, refuse_unservable_savers, with_checkpoints,
+                                              write_gathered, write_part)
 from ..ps import wire
-from ..dynamic_data import single_target
-from ..structures import length, map_leaves, rows, take
+from ..datasets.dynamic_data import single_target
+from ..datasets.structures import length, map_leaves, rows, take
 from .base import Option, Reports, Strategy, Worker
 from .control_step import stop_when_stopped
 
@@ -196,7 +196,7 @@ class PipelineWorker(Worker):
     def _callbacks_for_stage(self, request):
         """Every stage runs the cell's callbacks on the same logs (a learning-rate change acts on every
         stage's optimizer); the file writers run on the last stage only."""
-        from .. import callbacks
+        from ..keras_semantics import callbacks
 
         kept, changes = callbacks.for_rank(request.callbacks, 0 if self.keeps_callbacks else self.rank + 1, self.size)
         kept = with_checkpoints(request.callbacks, kept)
@@ -343,7 +343,7 @@ def fill_own_part(model, stage, layout, desk) -> None:
     """This stage's variables and optimizer slots, as the notebook's model held them when the cell began, fetched
     from the kernel (no engine receives the whole model). A model the notebook does not hold (the cell made it)
     keeps this engine's values, or takes its initialisers' where its weights were made empty."""
-    from ..model_sync import architecture
+    from ..model_parts.model_sync import architecture
 
     name = notebook_name(model)
     weights, slots = (desk.fetch_part(name, architecture(model), layout["weight_index"], layout["trainable_index"],

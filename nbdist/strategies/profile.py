@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import structures
+from ..datasets import structures
 from .base import Strategy, Worker
 
 
@@ -19,8 +19,8 @@ class ProfileWorker(Worker):
     def fit(self, request):
         import keras
 
-        from ..keras_bridge import build_for_training
-        from ..virtual_clock import measure_step_cost
+        from ..keras_semantics.keras_bridge import build_for_training
+        from .virtual_clock import measure_step_cost
 
         x, y = request.x, request.y
         samples, batch = epoch_of(x, request.samples_per_step)
@@ -41,7 +41,7 @@ def epoch_of(x, batch: int | None) -> tuple[int | None, int]:
     """(samples an epoch holds, or None where unknown; the batch) of the fit's `x`: numpy arrays at the cell's
     batch, a batched tf.data pipeline or a PyDataset at their first element's."""
     from ..errors import OptionError
-    from ..sharding import dataset_batch, is_dataset, is_generator, is_py_dataset
+    from ..datasets.sharding import dataset_batch, is_dataset, is_generator, is_py_dataset
 
     if is_dataset(x):
         batch, batches = dataset_batch(x), int(x.cardinality())

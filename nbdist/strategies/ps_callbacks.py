@@ -31,7 +31,7 @@ def follow_learning_rate(client, optimizer):
     which applies the optimizer: checked after the cell's callbacks at each epoch's start and end."""
     import keras
 
-    from ..learning_rate import schedule_of
+    from ..keras_semantics.learning_rate import schedule_of
 
     class FollowLearningRate(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):

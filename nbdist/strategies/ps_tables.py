@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import optimizer_state
-from ..hetero import Profile, Slowdown
+from ..keras_semantics import optimizer_state
+from ..host.hetero import Profile, Slowdown
 from ..ps.client import merged
 from ..ps.exchange import PushPull
 from ..ps.partition import partition
@@ -77,7 +77,7 @@ class OptimizerTables:
         client = TableClient(self.client, self.first + index)
         exchange = PushPull(client, plan, names, self.batch, Slowdown(worker.simulated))
         if worker.virtual_step is not None:
-            from ..virtual_clock import VirtualClock
+            from .virtual_clock import VirtualClock
 
             exchange.virtual = VirtualClock(worker.simulated or Profile(), worker.virtual_step, self.batch or 32)
         if worker.rank == 0:

@@ -4,11 +4,11 @@ nested) split across engines where they sit.
 Every engine takes the same batches. Large `Dense` layers are split by output units (and, where the graph shows
 it, the `Dense` right after one by input units, Megatron-LM's pair),
 `MultiHeadAttention` by heads, `Embedding` by output dimension, `Conv2D` by filters, `EinsumDense`
-by an output axis (`nbdist.tensor_parallel.plan`); Horovod's allgather and allreduce over Gloo
-join the slices (`nbdist.tensor_parallel.layers`). Each engine fetches its slices of the notebook's
+by an output axis (`nbdist.model_parts.tensor_parallel.plan`); Horovod's allgather and allreduce over Gloo
+join the slices (`nbdist.model_parts.tensor_parallel.layers`). Each engine fetches its slices of the notebook's
 model from the kernel, Keras' own `fit` runs on every engine on its share of the model (the engine's copy of
 the cell's model, split in place: its compile and the cell's own functions stay), and each hands its trained slices back to the kernel, which joins them
-(`nbdist.model_parts`, `nbdist.tensor_parallel.model`): no engine holds the whole model. The
+(`nbdist.model_parts.desk`, `nbdist.model_parts.tensor_parallel.model`): no engine holds the whole model. The
 Horovod job is `hfdt`'s (its rendezvous, one rank per engine), not elastic: a dead engine fails
 the run naming it. See DESIGN.md section 9 and docs/strategies/tensor.md.
 """
@@ -19,15 +19,15 @@ import random
 
 import numpy as np
 
-from ..empty_weights import fill, weights_without_values
-from ..keras_bridge import FitResult, build_from_sample
-from ..model_parts import (DeskClient, PartsDesk, cut, load_slots, notebook_name, optimizer_prefix, refuse_second_fit,
-                           release, slots_per_variable, taken)
+from ..keras_semantics.empty_weights import fill, weights_without_values
+from ..keras_semantics.keras_bridge import FitResult, build_from_sample
+from ..model_parts.desk import (DeskClient, PartsDesk, cut, load_slots, notebook_name, optimizer_prefix,
+                                refuse_second_fit, release, slots_per_variable, taken)
 from ..ps import wire
-from ..sharded_checkpoint import refuse_unservable_savers, with_checkpoints, write_gathered
-from ..tensor_parallel.model import (as_written, draw_alike, engine_bytes, split_in_place, trainable_axes,
-                                     weight_axes, whole)
-from ..tensor_parallel.plan import plan_splits
+from ..model_parts.sharded_checkpoint import refuse_unservable_savers, with_checkpoints, write_gathered
+from ..model_parts.tensor_parallel.model import (as_written, draw_alike, engine_bytes, split_in_place, trainable_axes,
+                                                 weight_axes, whole)
+from ..model_parts.tensor_parallel.plan import plan_splits
 from . import horovod_ops as ops
 from .base import Option, Reports
 from .hfdt import STALL_TIMEOUT, HfdtStrategy
@@ -40,7 +40,7 @@ SPLIT_LAYERS = Option("--split-layers", "tensor: auto (every Dense, EinsumDense,
 
 class TensorWorker(HfdtWorker):
     """One engine's share of every split layer, its values fetched from the kernel (the cell's model here has none:
-    `nbdist.empty_weights`); the cell's `fit` on it; the trained slices handed back to the kernel."""
+    `nbdist.keras_semantics.empty_weights`); the cell's `fit` on it; the trained slices handed back to the kernel."""
 
     fits = 0
 
@@ -92,7 +92,7 @@ class TensorWorker(HfdtWorker):
         """This engine's slice of each of the model's weights and of its optimizer's slots: the notebook's, fetched
         from the kernel; for a model the notebook does not hold (the cell made it), rank 0's values, sliced here,
         and a fresh optimizer."""
-        from ..model_sync import architecture
+        from ..model_parts.model_sync import architecture
 
         slot_axes = trainable_axes(model, axes)
         name = notebook_name(model)

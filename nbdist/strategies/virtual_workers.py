@@ -16,9 +16,9 @@ import heapq
 
 import numpy as np
 
-from .. import structures
+from ..datasets import structures
 from ..errors import OptionError
-from ..structures import take
+from ..datasets.structures import take
 from .base import Strategy, Worker
 
 MEMORY_BYTES = 4 << 30  # the most the virtual workers' received weights may hold on the engine
@@ -30,7 +30,7 @@ class VirtualWorkersWorker(Worker):
     def fit(self, request):
         import keras
 
-        from ..keras_bridge import build_for_training
+        from ..keras_semantics.keras_bridge import build_for_training
         from ..ps import rules
 
         emulate = self.values["emulate"]
@@ -64,7 +64,7 @@ def _validation(request):
     if isinstance(data, (tuple, list)) and len(data) >= 2:  # Keras' (x, y[, w]), each part any nest
         return data[0], data[1]
     if request.args.get("validation_split"):
-        from ..sharding import split_validation
+        from ..datasets.sharding import split_validation
 
         (x, y), validation = split_validation(request.x, request.y, request.validation_split)
         request.args.update(x=x, y=y)

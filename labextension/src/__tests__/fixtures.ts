@@ -1,4 +1,4 @@
-/** Test data: kernel messages as nbdist/lab_state.py sends them, and a fake kernel connection. */
+/** Test data: kernel messages as nbdist/notebook/lab_state.py sends them, and a fake kernel connection. */
 import type { Kernel } from '@jupyterlab/services';
 import { Signal } from '@lumino/signaling';
 

@@ -1,0 +1,72 @@
+"""Horovod's Gloo rendezvous, run by the notebook kernel, and the host plan from the engine inventory."""
+
+from __future__ import annotations
+
+import threading
+
+from ..errors import ClusterError
+
+
+def require_horovod():
+    """Import Horovod's runner pieces, or say how to install it."""
+    try:
+        from horovod.runner.common.util import hosts
+        from horovod.runner.http import http_server
+    except ImportError as exc:
+        raise ClusterError(
+            f"--strategy hfdt needs Horovod in the notebook's environment ({exc}). "
+            "Install it with `python -m nbdist.horovod install` (builds Horovod 0.28.1 once and caches the wheel)."
+        ) from None
+    return hosts, http_server
+
+
+def host_plan(hostnames: list[str]):
+    """Horovod slot assignments for workers on these hosts (one entry per worker, in worker order).
+
+    Returns:
+        (order, slots): `order[rank]` is the index into `hostnames` of the worker given that
+        rank, and `slots[rank]` its Horovod SlotInfo (local rank, cross rank, sizes).
+    """
+    hosts, _ = require_horovod()
+    counts: dict[str, int] = {}
+    for name in hostnames:
+        counts[name] = counts.get(name, 0) + 1
+    infos = [hosts.HostInfo(name, slots) for name, slots in counts.items()]
+    slots = hosts.get_host_assignments(infos, len(hostnames), len(hostnames))
+    waiting = {name: [i for i, h in enumerate(hostnames) if h == name] for name in counts}
+    order = [waiting[slot.hostname].pop(0) for slot in slots]
+    return order, slots
+
+
+class Rendezvous:
+    """Horovod's own HTTP rendezvous server, bound to one address (not all interfaces)."""
+
+    def __init__(self, address: str):
+        self.address = address
+        self.port: int | None = None
+        self._server = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, slots) -> int:
+        _, http_server = require_horovod()
+        self._server = http_server.RendezvousHTTPServer((self.address, 0), http_server.RendezvousHandler, 0)
+        self._server.init(slots)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="nbdist-rendezvous", daemon=True)
+        self._thread.start()
+        return self.port
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
