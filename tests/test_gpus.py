@@ -65,7 +65,7 @@ def test_host_gpus_prefers_the_override_then_what_the_kernel_had():
 
 PIN_THEN_TENSORFLOW = """
 import json, os, sys
-from nbdist import gpus
+from nbdist.host import gpus
 gpus.pin(int(sys.argv[1]), 3)
 import tensorflow as tf
 print(json.dumps({"env": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH")},
@@ -159,7 +159,7 @@ def test_kernel_that_imported_tensorflow_first_hides_gpus_through_tf_config(gpu_
 
 @pytest.mark.cluster  # starts processes
 def test_the_first_placement_stays_on_an_engine():
-    code = ("from nbdist import gpus\n"
+    code = ("from nbdist.host import gpus\n"
             "first = gpus.pin(1, 3)\n"
             "assert gpus.pin(0, 2) == first and gpus.pinned()['gpu'] == '1*', gpus.pinned()\n"
             "import os; assert os.environ['CUDA_VISIBLE_DEVICES'] == '1'\n")

@@ -32,7 +32,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = """
 import json, signal, sys
-from nbdist.cluster import ClusterHandle
+from nbdist.cluster.cluster import ClusterHandle
 handle = ClusterHandle.start(1)
 print(json.dumps({"watcher": handle.lifeline.pid, "record": handle.lifeline.record}), flush=True)
 signal.pause()  # until the test's signal

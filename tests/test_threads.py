@@ -58,7 +58,7 @@ def test_cores_are_the_affinity_within_a_cgroup_quota(tmp_path):
 # after its context started; then an op runs and the inter-op pool's threads are counted.
 PIN = """
 import json, os, sys
-from nbdist import threads
+from nbdist.host import threads
 when = sys.argv[1]
 if when != "before":
     import tensorflow as tf

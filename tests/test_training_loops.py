@@ -143,7 +143,7 @@ ACCURACY_MARGIN = {"local": 0.03, "hfdt": 0.03, "nfdt": 0.08, "asgd": 0.08, "ddc
 
 RANK0 = '''
 import numpy as _np
-from nbdist.namespace import user_namespace as _ns
+from nbdist.host.namespace import user_namespace as _ns
 _g = _ns()
 _nbdist_rank0 = {"iterations": int(_g["optimizer"].iterations.numpy()),
                  "val_acc": [float(v.numpy()) for v in _g["val_acc_metric"].variables],

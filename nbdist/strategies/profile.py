@@ -58,7 +58,7 @@ def epoch_of(x, batch: int | None) -> tuple[int | None, int]:
 
 class ProfileStrategy(Strategy):
     """Measure every engine's step on the cell's model; train nothing. Not in the registry: the planner runs
-    it (`nbdist.planner.measure`), and its result never reaches the notebook's model."""
+    it (`nbdist.planner.auto`), and its result never reaches the notebook's model."""
 
     name = "profile"
     summary = ("measure each engine's step time on the cell's model and data, train nothing (what --strategy auto "
