@@ -23,7 +23,7 @@ def strided(n: int, rank: int, size: int) -> slice:
 
 
 def mark_presharded(array, rank: int, size: int, total: int) -> None:
-    """`array` is already rank's strided shard of `total` samples (the notebook sent only that, `nbdist.notebook.bring`)."""
+    """`array` is already rank's strided shard of `total` samples (the notebook sent only that, `notebook.bring`)."""
     _PRESHARDED[id(array)] = (weakref.ref(array, lambda _, key=id(array): _PRESHARDED.pop(key, None)),
                               rank, size, total)
 

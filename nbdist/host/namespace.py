@@ -83,7 +83,7 @@ def run_definition(key: str, digest: str, source: str, index, cwd: str | None = 
                    empty_weights: bool = False) -> None:
     """Run one recorded definition cell and remember its digest; in the notebook's working directory `cwd`
     where this engine sees it (its relative paths then mean what they mean in the notebook). With
-    `empty_weights` (a model-parallel run) the layers it builds get weights without values (`nbdist.keras_semantics.empty_weights`)."""
+    `empty_weights` (a model-parallel run) the layers it builds get weights without values (`keras_semantics.empty_weights`)."""
     from ..keras_semantics.empty_weights import weights_without_values
 
     with working_directory(cwd), (weights_without_values() if empty_weights else contextlib.nullcontext()):

@@ -190,7 +190,7 @@ def compile_text(config: dict) -> str:
 
 def digests(names: list[str]) -> dict:
     """Engine side: {name: (architecture, digest)} of this engine's models of these names (None if absent); the
-    digest is None where the model's weights are not all here (made empty, see `nbdist.keras_semantics.empty_weights`)."""
+    digest is None where the model's weights are not all here (made empty, see `keras_semantics.empty_weights`)."""
     import keras
 
     from ..keras_semantics.empty_weights import any_empty
@@ -246,7 +246,7 @@ def skeleton(model) -> dict:
 
 
 def receive_skeleton(name: str, config: dict, functions: bytes | None = None) -> None:
-    """Engine side: the model `name` built from its `skeleton`, its layer weights empty (`nbdist.keras_semantics.empty_weights`)."""
+    """Engine side: the model `name` built from its `skeleton`, its layer weights empty (`keras_semantics.empty_weights`)."""
     import keras
 
     from ..keras_semantics.empty_weights import weights_without_values

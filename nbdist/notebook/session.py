@@ -128,7 +128,7 @@ class Session:
 
     def sync_definitions(self, engine_ids: list[int], empty_weights: bool = False) -> None:
         """Replay, in order, every definition an engine lacks or has in an older text; with `empty_weights`, its
-        layers' weights made without values (`nbdist.keras_semantics.empty_weights`)."""
+        layers' weights made without values (`keras_semantics.empty_weights`)."""
         if not self.definitions:
             return
         cluster = self.require_cluster()
