@@ -98,10 +98,10 @@ def scaled(seconds: float) -> float:
     return seconds * limits.time_scale()
 
 
-def wait_for(condition, what: str, timeout: float = 60, every: float = 0.2):
+def wait_for(condition, what: str, timeout: float = 60, every: float = 0.2, explain=None):
     """The value of `condition()` once truthy, read every `every` s; after `timeout` (scaled) the test fails
-    saying what it waited for. The pause between reads is a polling interval, never a window a verdict
-    depends on: the verdict is the condition."""
+    saying what it waited for (and what `explain()` then says). The pause between reads is a polling interval,
+    never a window a verdict depends on: the verdict is the condition."""
     deadline = time.monotonic() + scaled(timeout)
     pause = threading.Event()
     while True:
@@ -109,7 +109,7 @@ def wait_for(condition, what: str, timeout: float = 60, every: float = 0.2):
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"waited {scaled(timeout):.0f} s for {what}")
+            raise AssertionError(f"waited {scaled(timeout):.0f} s for {what}" + (f"\n{explain()}" if explain else ""))
         pause.wait(every)
 
 

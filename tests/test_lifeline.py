@@ -241,6 +241,7 @@ def test_cluster_started_outside_survives_the_kernel_and_is_released(reaper, out
     kernel.run("nbdist.get_session().sync_definitions([0])", timeout=60).check()
     assert client[0].pull("nbdist_marker", block=True) == 42 and client[0].apply_sync(namespace.definition_digests)
     watcher = psutil.Process(kernel.value("nbdist.get_session().cluster.lifeline.pid"))
+    log = kernel.value("nbdist.get_session().cluster.lifeline.log")
     reaper.record([watcher])
     kernel.run("%%distribute define --name data\n" + DEFINITION, timeout=180).check()
     kernel.run("%%distribute --strategy local --background --progress none\n" + TRAIN.format(epochs=500),
@@ -253,12 +254,24 @@ def test_cluster_started_outside_survives_the_kernel_and_is_released(reaper, out
     # the dead kernel's training was interrupted: the engine is free for the next client (the hub counts the
     # interrupted task done a moment after the watcher saw its release answered)
     wait_for(lambda: not (lambda s: s["queue"] or s["tasks"])(client.queue_status(targets=[0])[0]),
-             "the engine to be free for the next client", 30)
+             "the engine to be free for the next client", 30, explain=lambda: why_busy(client, processes, log))
     assert all(alive(p) for p in processes), "a process of the cluster started outside died with the kernel"
     assert client.ids == [0] and client[0].apply_sync(os.getpid) in {p.pid for p in processes}
     assert client[0].apply_sync(namespace.definition_digests) == {}  # released: the dead kernel's objects are gone
     with pytest.raises(ipp.error.RemoteError, match="nbdist_marker"):
         client[0].pull("nbdist_marker", block=True)
+
+
+def why_busy(client, processes, log: str) -> str:
+    """What a still-busy engine of the outside cluster was doing: the hub's queue, the watcher's log (kept when the
+    release went wrong) and each process's Python stacks (py-spy, where installed)."""
+    parts = [f"the hub's queue: {client.queue_status(targets=[0], verbose=True)}"]
+    parts.append(f"the watcher's log {log}: " + (open(log).read() if os.path.exists(log) else "(removed: no warning)"))
+    spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    for process in processes if os.path.exists(spy) else ():
+        dump = subprocess.run([spy, "dump", "--pid", str(process.pid)], capture_output=True, text=True, timeout=60)
+        parts.append(f"{process.pid} {' '.join(process.cmdline()[:3])}:\n{dump.stdout[-4000:]}{dump.stderr[-500:]}")
+    return "\n".join(parts)
 
 
 def test_engines_stop_by_themselves_when_their_controller_is_gone(reaper):

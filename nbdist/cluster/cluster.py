@@ -6,6 +6,7 @@ import hashlib
 import logging
 import os
 import signal
+import tempfile
 import time
 from dataclasses import dataclass, field, fields
 
@@ -118,7 +119,7 @@ class ClusterHandle:
         if stale is not None:  # nbdist started it for this notebook, in a kernel now gone: ours again
             return cls(client, *_adopt(stale), threads)
         where = {"connection_info": file, "profile": profile, "cluster_id": cluster_id}
-        return cls(client, None, lifeline.Lifeline.start(release=where), threads)
+        return cls(client, None, lifeline.Lifeline.start(release=where, log=_connected_log(client)), threads)
 
     def add(self, n: int, wait: bool = True) -> list[int]:
         """Start `n` more engines through the launcher of the cluster nbdist started; their ids (with `wait`
@@ -401,6 +402,15 @@ def _process_running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def _connected_log(client) -> str:
+    """Where the watcher of a connected cluster writes what went wrong releasing it: the client's profile's log
+    folder (the system's temporary folder when the client has no profile)."""
+    profile = getattr(client, "_profile_dir", None)  # (ipyparallel keeps it private)
+    folder = getattr(profile, "log_dir", None) or tempfile.gettempdir()
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, f"nbdist-lifeline-connected-{os.getpid()}.log")
 
 
 def _watch(cluster, n: int, engines: str) -> lifeline.Lifeline:

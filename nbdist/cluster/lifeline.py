@@ -63,9 +63,10 @@ class Lifeline:
         on_sigterm: what stops the cluster when this process gets SIGTERM or exits with it running, or None.
     """
 
-    def __init__(self, process: subprocess.Popen, record: str | None = None, on_sigterm=None):
+    def __init__(self, process: subprocess.Popen, record: str | None = None, on_sigterm=None, log: str | None = None):
         self.process = process
         self.record = record
+        self.log = log  # the watcher's stderr, kept after it exits only when something went wrong
         self.on_sigterm = on_sigterm
         self._lock = threading.Lock()
         _active.add(self)
@@ -102,7 +103,7 @@ class Lifeline:
         if on_sigterm is not None:
             _install_exit_hook()
             _install_sigterm_handler()
-        return cls(process, record["path"] if record else None, on_sigterm)
+        return cls(process, record["path"] if record else None, on_sigterm, log)
 
     @property
     def pid(self) -> int:
@@ -467,9 +468,17 @@ def _release_engines(where: dict, busy: list[int] = ()) -> None:
         if client.ids:
             client[:].apply_async(namespace.release).get(timeout=LIMITS.watcher_release_s)
     except Exception as exc:  # a busy engine runs the release when its task ends
-        _warn(f"releasing the engines: {exc!r}")
+        _warn(f"releasing the engines: {exc!r}; interrupted {interrupted}; {_queues(client)}")
     finally:
         client.close()
+
+
+def _queues(client) -> str:
+    """What the hub holds for each engine, for the log of a release that did not complete."""
+    try:
+        return f"the hub's queues: {client.queue_status(verbose=True)}"
+    except Exception as exc:
+        return f"the hub's queues unknown: {exc!r}"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -367,8 +367,8 @@ def test_as_pasted_the_engines_compute_equal_replicated_activations_in_training(
     assert len(files) == 2, files
     engines = [np.load(path) for path in files]
     assert len(engines[0].files) == 1 + 2 * 3 + 1  # augmentation; 2 blocks of attention + 2 Adds; the logits
-    for key in engines[0].files:
-        assert np.array_equal(engines[0][key], engines[1][key]), (key, np.max(np.abs(engines[0][key] - engines[1][key])))
+    for key in engines[0].files:  # a different draw differs by the activation's size; float rounding by an ulp
+        np.testing.assert_allclose(engines[0][key], engines[1][key], rtol=1e-5, atol=1e-6, err_msg=key)
     normalised = notebook.value("np.asarray(data_augmentation.layers[0](x_train[:16])).tolist()")
     assert not np.allclose(engines[0]["arr_0"], np.asarray(normalised), atol=1e-3), "the augmentation drew nothing"
 
