@@ -321,3 +321,27 @@ def test_stale_means_this_notebook_a_dead_kernel_and_a_cluster_still_running(tmp
     assert "cluster id stale (2 local engine(s)" in notice and "%dist connect --file /c/stale.json" in notice
     assert lifeline.adoptable(stale, "/c/stale.json")["cluster_id"] == "stale"
     assert lifeline.adoptable(stale, "/c/other.json") is None
+
+
+def test_a_watcher_whose_hub_is_gone_still_says_so_and_ends(monkeypatch):
+    """The watcher's report of what the hub holds (written when a release went wrong) is bounded: ipyparallel's
+    `queue_status` waits for ever for a hub that stopped, and watchers of the suite's module kernels waited there
+    for good once their cluster had gone."""
+    from dataclasses import replace
+
+    from nbdist.cluster import lifeline
+
+    monkeypatch.setattr(lifeline, "LIMITS", replace(lifeline.LIMITS, watcher_release_s=1.0))
+    cluster = ipp.Cluster(n=0, cluster_id=f"gone-hub-{uuid.uuid4().hex[:6]}", log_level=30)
+    cluster.start_controller_sync()
+    try:
+        client = cluster.connect_client_sync()
+        assert "'unassigned'" in lifeline._queues(client)  # a hub that answers: what it holds
+    finally:
+        cluster.stop_controller_sync()
+    try:
+        started = time.monotonic()
+        assert lifeline._queues(client) == "the hub did not say what it holds within 1 s"
+        assert time.monotonic() - started < scaled(10)
+    finally:
+        client.close()

@@ -474,11 +474,22 @@ def _release_engines(where: dict, busy: list[int] = ()) -> None:
 
 
 def _queues(client) -> str:
-    """What the hub holds for each engine, for the log of a release that did not complete."""
-    try:
-        return f"the hub's queues: {client.queue_status(verbose=True)}"
-    except Exception as exc:
-        return f"the hub's queues unknown: {exc!r}"
+    """What the hub holds for each engine, for the log of a release that did not complete. Asked from a thread of
+    its own and waited for a bounded time: ipyparallel's `queue_status` waits for ever for a hub that is gone."""
+    answer: list = []
+
+    def ask():
+        try:
+            answer.append(client.queue_status(verbose=True))
+        except Exception as exc:
+            answer.append(exc)
+
+    asking = threading.Thread(target=ask, name="nbdist-lifeline-queues", daemon=True)
+    asking.start()
+    asking.join(LIMITS.watcher_release_s)
+    if not answer:
+        return f"the hub did not say what it holds within {LIMITS.watcher_release_s:g} s"
+    return f"the hub's queues: {answer[0]!r}"
 
 
 def main(argv: list[str] | None = None) -> None:
