@@ -6,10 +6,6 @@ name; a dict `y` of two outputs with a loss dict and `loss_weights`; a nest (a d
 `sample_weight` per output. Sources: numpy arrays (with `validation_data` arrays of the same structure), a
 `tf.data` pipeline of that structure, a `PyDataset` of it (each with its validation data in the same form).
 
-Strategies that share all their code share one data path: a class that only names a preset of its parent's rule
-(dc-asgd, dc-asgd-a, dc-asgdk and ddc-asgd of the delay-compensated rule; asgd of nfdt) defines no function, so
-the matrix runs one strategy of each family (`families`, from the registry) and prints its rows for every member.
-
 Each strategy runs one cell that fits the 21 cases in turn: every History holds each output's loss as a local fit's
 does, and every model changed. Where the cell is refused, each source's cases run in a cell of their own, and where
 that is refused each case alone: each must train or be refused by name before any engine trains, with a refusal
@@ -19,12 +15,11 @@ frames included) fails.
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import pytest
 
-from nbdist.strategies import REGISTRY, strategy_names
+from nbdist.strategies import strategy_names
 from tests.support import idle_engines, strategy_line
 
 pytestmark = pytest.mark.cluster
@@ -171,41 +166,18 @@ def matrix(kernel, name: str) -> dict:
     return rows
 
 
-def families() -> dict[str, list[str]]:
-    """{a strategy that runs the matrix: every registered strategy with the same code}. A class that defines no
-    function runs its parent's code (a preset of its rule); two strategies of the same code and worker class take
-    the same data path. The one run is the family's own class where it is registered, else the first by name."""
-    def owner(cls):
-        return next(c for c in cls.__mro__ if any(inspect.isfunction(v) for v in vars(c).values()))
-
-    grouped: dict[tuple, list[str]] = {}
-    for name in strategy_names():
-        grouped.setdefault((owner(REGISTRY[name]), REGISTRY[name].worker_class), []).append(name)
-    return {next((n for n in names if REGISTRY[n] is key[0]), names[0]): names for key, names in grouped.items()}
-
-
-FAMILIES = families()
-
-
-def test_the_families_cover_the_registry_and_only_presets_share_one():
-    assert sorted(n for names in FAMILIES.values() for n in names) == strategy_names()
-    shared = {name: sorted(names) for name, names in FAMILIES.items() if len(names) > 1}
-    assert shared == {"dc-asgd": ["dc-asgd", "dc-asgd-a", "dc-asgdk", "ddc-asgd"], "nfdt": ["asgd", "nfdt"]}, shared
-
-
 @pytest.fixture(scope="module")
 def structures_kernel(kernel):
     kernel.run("%%distribute define --name structures\n" + DEFINITION, timeout=120).check()
     return kernel
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
+@pytest.mark.parametrize("name", strategy_names())
 def test_every_structure_from_every_source_trains_or_is_refused_by_name(structures_kernel, cluster, name):
     idle_engines(cluster, 2)
     rows = matrix(structures_kernel, name)
     for (structure, source), (kind, why) in rows.items():
-        for member in FAMILIES[name]:
-            print(f"MATRIX | {member} | {structure} | {source} | {kind} | {why.splitlines()[0] if why else ''}")
+        print(f"MATRIX | {name} | {structure} | {source} | {kind} | {why.splitlines()[0] if why else ''}")
         expected = "refused" if (name, source) in REFUSED else "trains"
         assert kind == expected, f"{name}: {structure} from {source} {kind} ({why or 'no refusal'}), not {expected}"
         if kind == "refused":
