@@ -461,6 +461,7 @@ def _release_engines(where: dict, busy: list[int] = ()) -> None:
     except Exception as exc:
         _warn(f"could not reach the cluster to release it: {exc!r}")
         return
+    interrupted: list[int] = []  # (named in the warning, whatever failed)
     try:
         interrupted = [eid for eid in busy if eid in client.ids]
         if interrupted:  # a training cell of a kernel that is gone would otherwise hold them to its end
