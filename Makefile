@@ -15,14 +15,25 @@ setup:
 demo: setup
 	@$(PY) scripts/run_notebook.py notebooks/01-quickstart.ipynb build/01-quickstart.ipynb
 
-# Everything: clusters, kernels, browsers, the example notebooks. The 25 slowest tests are printed and written to
-# build/durations.txt, every test's outcome and time to build/junit.xml; the last line is the suite's own total time.
+# Everything: clusters, kernels, browsers, the example notebooks, on $(TEST_WORKERS) pytest-xdist workers (a file at a
+# time; the tests marked `alone` after them, on one). The 25 slowest tests are printed and written to
+# build/durations.txt, every test's outcome and time to build/junit*.xml; the last line is the suite's own total time.
+# When a test failed, the engine logs of its cluster are kept in build/engine-logs/ and their fatal lines printed.
+TEST_WORKERS ?= 2
+PYTEST := NBDIST_PROGRESS=text $(PY) -m pytest -p no:cacheprovider --durations=25
 test: setup
-	@mkdir -p build
+	@mkdir -p build && rm -rf build/engine-logs build/junit*.xml
 	start=$$(date +%s); \
-		NBDIST_PROGRESS=text $(PY) -m pytest tests notebooks -m "not acceptance" --nbval-lax --nbval-cell-timeout=600 \
-		-p no:cacheprovider --durations=25 --junitxml=build/junit.xml; status=$$?; \
-		$(PY) scripts/slowest_tests.py build/junit.xml 25 > build/durations.txt; took=$$(( $$(date +%s) - start )); \
+		$(PYTEST) tests notebooks -m "not acceptance and not alone" --nbval-lax --nbval-cell-timeout=600 \
+		-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --junitxml=build/junit.xml; status=$$?; \
+		$(PYTEST) tests -m "alone and not acceptance" --junitxml=build/junit-alone.xml || status=1; \
+		$(PY) scripts/slowest_tests.py 25 build/junit.xml build/junit-alone.xml > build/durations.txt; \
+		if [ $$status -ne 0 ] && [ -d build/engine-logs ]; then \
+			echo "fatal lines in the engine logs of clusters whose tests failed (build/engine-logs/):"; \
+			grep -n -E -A3 "terminate called|Fatal Python error|Segmentation fault|Aborted|core dumped" \
+				build/engine-logs/*.log | tail -60; \
+		fi; \
+		took=$$(( $$(date +%s) - start )); \
 		echo "make test: the suite took $$((took / 60)) min $$((took % 60)) s (set-up not counted; goal: 20 min on 2 cores)"; \
 		exit $$status
 

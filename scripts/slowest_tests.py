@@ -1,21 +1,22 @@
-"""The slowest tests of a pytest junit file, one per line (seconds, test): `make test` writes build/durations.txt."""
+"""The slowest tests of pytest junit files, one per line (seconds, test): `make test` writes build/durations.txt."""
 
 from __future__ import annotations
 
+import os
 import sys
 import xml.etree.ElementTree as ElementTree
 
 
-def slowest(junit: str, count: int) -> list[tuple[float, str]]:
-    cases = ElementTree.parse(junit).getroot().iter("testcase")
+def slowest(junits: list[str], count: int) -> list[tuple[float, str]]:
+    cases = [case for junit in junits for case in ElementTree.parse(junit).getroot().iter("testcase")]
     timed = [(float(case.get("time") or 0), f"{case.get('classname')}::{case.get('name')}") for case in cases]
     return sorted(timed, reverse=True)[:count]
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) != 2 or not argv[1].isdigit():
-        raise SystemExit("usage: python scripts/slowest_tests.py build/junit.xml 25")
-    for seconds, test in slowest(argv[0], int(argv[1])):
+    if len(argv) < 2 or not argv[0].isdigit():
+        raise SystemExit("usage: python scripts/slowest_tests.py 25 build/junit.xml [build/junit-alone.xml ...]")
+    for seconds, test in slowest([j for j in argv[1:] if os.path.exists(j)], int(argv[0])):
         print(f"{seconds:8.2f} s  {test}")
 
 

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from tests.kernel_driver import KernelDriver
-from tests.support import EnginesLeftBusy, free_engines, scaled, start_cluster, stop_cluster, wait_idle
+from tests.support import EnginesLeftBusy, failed_since, free_engines, scaled, start_cluster, stop_cluster, wait_idle
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("NBDIST_PROGRESS", "text")  # kernels started by tests have no browser; tests that want
@@ -45,21 +45,34 @@ IDLE_AFTER_TEST_S = 30  # a finished cell leaves its engines idle at once; this 
 IDLE_AFTER_KERNEL_S = 60  # after a module's kernel stopped (its lifeline releases the engines)
 
 
+# `make test` runs the suite on two pytest-xdist workers, a file at a time: the longest files first, so that the two
+# workers end together (seconds on one worker of a 2-core machine, build/junit.xml of 2026-12-07; a file not named
+# here comes after them, in the order pytest collects it).
+LONGEST_FIRST = ("test_data_structures.py", "test_hfdt.py", "test_keras_semantics.py", "test_install.py",
+                 "08-plan.ipynb", "test_training_loops.py", "test_planner.py", "test_pipeline.py",
+                 "test_lifeline.py", "07-model-parallel.ipynb", "test_nfdt.py", "test_tensor.py",
+                 "test_dynamic_data.py", "test_ashl.py", "test_lab_extension.py")
+
+
 def pytest_collection_modifyitems(items):
-    """A test on a cluster or a kernel is a `cluster` test (`make check` runs the others), marked or not."""
+    """A test on a cluster or a kernel is a `cluster` test (`make check` runs the others), marked or not; files
+    in LONGEST_FIRST's order, each file's tests in their own order."""
     for item in items:
         if {"cluster", "kernel", "shared_cluster"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.cluster)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
 
 
 @pytest.fixture(scope="session")
-def shared_cluster():
-    """The suite's one shared 2-engine local cluster (more engines are started when a test asks for them)."""
+def shared_cluster(request):
+    """The suite's one shared 2-engine local cluster (more engines are started when a test asks for them); one
+    per pytest-xdist worker."""
     handle = start_cluster(2, shared=True)
     try:
         yield handle
     finally:
-        stop_cluster(handle)
+        stop_cluster(handle, keep_logs=failed_since(request, 0))
 
 
 @pytest.fixture(scope="module")

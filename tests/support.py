@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -163,11 +164,32 @@ def start_cluster(n: int, shared: bool = False) -> TestCluster:
     return TestCluster(cluster, client, shared)
 
 
-def stop_cluster(handle: TestCluster) -> None:
+ENGINE_LOGS = Path(__file__).resolve().parent.parent / "build" / "engine-logs"
+
+
+def stop_cluster(handle: TestCluster, keep_logs: bool = False) -> None:
+    """Stop the cluster; with `keep_logs` (a test on it failed) its engines' logs are first copied to
+    build/engine-logs/, which ipyparallel would delete: a native death (an abort in a library's thread, the
+    out-of-memory killer) leaves no Python error, only what the engine process printed."""
     try:
         handle.client.close()
     finally:
+        if keep_logs:
+            _keep_engine_logs(handle)
         handle.cluster.stop_cluster_sync()
+
+
+def _keep_engine_logs(handle: TestCluster) -> None:
+    import shutil
+
+    ENGINE_LOGS.mkdir(parents=True, exist_ok=True)
+    for log in (Path(handle.cluster.profile_dir) / "log").glob(f"ipengine-{handle.cluster_id}-*.log"):
+        shutil.copy(log, ENGINE_LOGS / log.name)
+
+
+def failed_since(request, before: int) -> bool:
+    """Whether a test of this session failed since `before` (the session's failure count then)."""
+    return request.session.testsfailed > before
 
 
 def own_cluster(engines: int = 2):
@@ -178,12 +200,13 @@ def own_cluster(engines: int = 2):
     """
 
     @pytest.fixture(scope="module")
-    def cluster():
+    def cluster(request):
+        failed_before = request.session.testsfailed
         handle = start_cluster(engines)
         try:
             yield handle
         finally:
-            stop_cluster(handle)
+            stop_cluster(handle, keep_logs=failed_since(request, failed_before))
 
     return cluster
 
