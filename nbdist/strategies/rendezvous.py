@@ -38,8 +38,41 @@ def host_plan(hostnames: list[str]):
     return order, slots
 
 
+def scoped_finalize_handler():
+    """Horovod's rendezvous handler with one fix: a scope whose ranks have all finalized forgets its addresses and
+    only its own count of finalized ranks.
+
+    Horovod 0.28.1's handler clears every scope's count when any scope completes, so a scope whose ranks
+    finalize around another's completion (rank 0 done with `local_<host>` and its one-rank `cross_0` before rank
+    1 finalizes `local_<host>`: a few milliseconds on a loaded host) never completes and keeps its addresses. A
+    run re-initialises Horovod on the same server for each `fit` of its cell; the next init then reads a peer's
+    stale address, Gloo's connect to it is refused, and Gloo's exception in Horovod's background thread aborts
+    both engines (`gloo::IoException ... pair.cc:799] connect ...: Connection refused`)."""
+    _, http_server = require_horovod()
+
+    class ScopedFinalize(http_server.RendezvousHandler):
+        def do_DELETE(self):
+            parts = self.path.split("/")
+            server = self.server
+            if len(parts) != 3 or parts[1] not in server.scope_size:
+                return super().do_DELETE()  # (a malformed path or an ad-hoc scope: Horovod's own handling)
+            _, scope, key = parts
+            with server.finished_list_lock:
+                finished = server.finished_list[scope]
+                if key not in finished:
+                    finished.append(key)
+                if len(finished) == server.scope_size[scope]:
+                    with server.cache_lock:
+                        server.cache.pop(scope, None)
+                    del server.finished_list[scope]
+            self.send_status_code(http_server.OK)
+
+    return ScopedFinalize
+
+
 class Rendezvous:
-    """Horovod's own HTTP rendezvous server, bound to one address (not all interfaces)."""
+    """Horovod's own HTTP rendezvous server, bound to one address (not all interfaces), serving every Horovod job
+    of one run (`scoped_finalize_handler`: each job finds none of the last one's addresses)."""
 
     def __init__(self, address: str):
         self.address = address
@@ -49,12 +82,16 @@ class Rendezvous:
 
     def start(self, slots) -> int:
         _, http_server = require_horovod()
-        self._server = http_server.RendezvousHTTPServer((self.address, 0), http_server.RendezvousHandler, 0)
+        self._server = http_server.RendezvousHTTPServer((self.address, 0), self.handler(), 0)
         self._server.init(slots)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="nbdist-rendezvous", daemon=True)
         self._thread.start()
         return self.port
+
+    def handler(self):
+        """The request handler class the server answers with."""
+        return scoped_finalize_handler()
 
     def stop(self) -> None:
         server, self._server = self._server, None
