@@ -66,7 +66,7 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def shared_cluster(request):
-    """The suite's one shared 2-engine local cluster (more engines are started when a test asks for them); one
+    """The suite's shared 2-engine local cluster (more engines are started when a test asks for them); one
     per pytest-xdist worker."""
     handle = start_cluster(2, shared=True)
     try:
