@@ -61,6 +61,7 @@ class Limits:
     start_barrier_s: float = 120.0  # the start barrier waits for a worker's first push
     # Horovod (hfdt, tensor, ASHL's sync phase)
     gloo_peer_s: float = 5.0  # a survivor waits on a dead peer before its collective fails (Gloo's default: 30)
+    job_start_s: float = 120.0  # every rank reaches a Horovod job's start (a peer may still be ending the last fit)
     reform_s: float = 60.0  # survivors wait for the kernel's new Horovod job
     join_s: float = 1800.0  # a newcomer waits for the ranks to reach an epoch's end
     # pipeline

@@ -104,9 +104,14 @@ def test_a_scope_whose_ranks_finalized_around_another_scopes_completion_forgets_
 
 
 RANK = """
-import os, sys
+import os, sys, time
 import horovod.tensorflow as hvd, tensorflow as tf
+from nbdist.strategies.rendezvous import arrive_together
+rank, port = int(os.environ["HOROVOD_RANK"]), int(os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"])
 for job in range(int(sys.argv[1])):
+    if rank == 1 and job == 1:
+        time.sleep(float(sys.argv[2]))  # still ending the last fit, past Gloo's own wait (5 s here)
+    arrive_together("127.0.0.1", port, rank, 2, job)  # what each rank does before hvd.init (HfdtWorker)
     hvd.init()
     assert float(hvd.allreduce(tf.constant([1.0]), op=hvd.Sum)[0]) == 2.0
     hvd.shutdown()
@@ -144,8 +149,9 @@ class _LoadedHost(Rendezvous):
 @pytest.mark.cluster
 def test_horovod_jobs_one_after_another_on_one_rendezvous_survive_a_late_rank():
     """Two real Horovod processes, three jobs each (init, allreduce, shutdown: a cell's three `fit`s) on one run's
-    rendezvous. With Horovod's own handler both abort at the second job's init (`gloo::IoException ... connect
-    ...: Connection refused`: each connects to the other's last job's address)."""
+    rendezvous, rank 1 reaching the second job 6 s late. With Horovod's own handler both abort at the second
+    job's init (`gloo::IoException ... connect ...: Connection refused`: each connects to the other's last job's
+    address); without `arrive_together` rank 0 aborts there (`... Wait timeout after 5 seconds for key(s)`)."""
     import os
     import subprocess
     import sys
@@ -158,16 +164,38 @@ def test_horovod_jobs_one_after_another_on_one_rendezvous_survive_a_late_rank():
                "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port), "HOROVOD_CONTROLLER": "gloo",
                "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": interface_towards("127.0.0.1"),
                "HOROVOD_HOSTNAME": host, "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_SIZE": "2",
-               "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1", "HOROVOD_GLOO_TIMEOUT_SECONDS": "10"}
-        ranks = [subprocess.Popen([sys.executable, "-c", RANK, "3"], stderr=subprocess.PIPE, text=True,
+               "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1", "HOROVOD_GLOO_TIMEOUT_SECONDS": "5"}
+        ranks = [subprocess.Popen([sys.executable, "-c", RANK, "3", "6"], stderr=subprocess.PIPE, text=True,
                                   env={**env, "HOROVOD_RANK": str(rank), "HOROVOD_LOCAL_RANK": str(rank)})
                  for rank in range(2)]
         try:
-            errors = [rank.communicate(timeout=120)[1] for rank in ranks]
+            errors = [rank.communicate(timeout=180)[1] for rank in ranks]
         finally:
             for rank in ranks:
                 rank.kill()
     assert [rank.returncode for rank in ranks] == [0, 0], "\n".join(e[-2000:] for e in errors)
+
+
+def test_ranks_arrive_together_and_a_rank_that_never_comes_is_named(monkeypatch):
+    import threading
+
+    from nbdist import limits
+    from nbdist.strategies import rendezvous as module
+
+    _, slots = host_plan(["h", "h", "h"])
+    with Rendezvous("127.0.0.1") as rendezvous:
+        port = rendezvous.start(slots)
+        arrived = []
+        first = threading.Thread(target=lambda: (module.arrive_together("127.0.0.1", port, 0, 2, 0), arrived.append(0)))
+        first.start()
+        first.join(0.5)
+        assert first.is_alive() and not arrived  # rank 0 waits for rank 1
+        module.arrive_together("127.0.0.1", port, 1, 2, 0)
+        first.join(10)
+        assert arrived == [0]
+        monkeypatch.setattr(module, "LIMITS", limits.Limits(job_start_s=0.5))
+        with pytest.raises(ClusterError, match=r"rank 0 waited 0.5 s for rank\(s\) \[1, 2\] to start Horovod job 1"):
+            module.arrive_together("127.0.0.1", port, 0, 3, 1)
 
 
 def test_interface_towards_loopback():

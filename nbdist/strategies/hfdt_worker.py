@@ -7,6 +7,7 @@ balances batches (`--balance auto`), and keeps rank 0's files whole before any r
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import os
@@ -28,6 +29,7 @@ from . import horovod_ops as ops
 from .base import Worker
 from .control_step import StepControls, acting_on
 from .hfdt_loop import HorovodLoop
+from .rendezvous import arrive_together
 from .hfdt_elastic import LEFT_KEY, Survivor, elastic, is_collective_failure, join_grown_job
 from .stall_watch import StallWatch
 
@@ -232,6 +234,9 @@ class HfdtWorker(Worker):
         # for every run, so one run's setting is not the next's; an engine's own variable (set before its
         # first run) wins.
         os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = _ENGINE_GLOO_TIMEOUT or str(math.ceil(LIMITS.gloo_peer_s))
+        jobs = vars(self).setdefault("_jobs_started", collections.Counter())  # per rendezvous: this run's, or a re-formed job's
+        arrive_together(self.config["address"], port, slot["rank"], slot["size"], jobs[port])
+        jobs[port] += 1
         hvd.init()
         if (hvd.rank(), hvd.size()) != (slot["rank"], slot["size"]):
             raise ClusterError(f"Horovod gave rank {hvd.rank()}/{hvd.size()}, expected {slot['rank']}/{slot['size']}")

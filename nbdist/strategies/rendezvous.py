@@ -1,10 +1,15 @@
-"""Horovod's Gloo rendezvous, run by the notebook kernel, and the host plan from the engine inventory."""
+"""Horovod's Gloo rendezvous, run by the notebook kernel; the ranks' arrival at each Horovod job; and the host plan
+from the engine inventory."""
 
 from __future__ import annotations
 
 import threading
+import time
+import urllib.error
+import urllib.request
 
 from ..errors import ClusterError
+from ..limits import LIMITS
 
 
 def require_horovod():
@@ -107,3 +112,42 @@ class Rendezvous:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+ARRIVAL_POLL_S = 0.02  # a polling interval, not a limit
+
+
+def arrive_together(address: str, port: int, rank: int, size: int, job: int) -> None:
+    """Return once every rank of the run's `job`-th Horovod job (counted per rendezvous) has reached its init.
+
+    Gloo gives a rank HOROVOD_GLOO_TIMEOUT_SECONDS (5 s, for a dead peer to be noticed soon) to find the
+    others' addresses at init and, past it, throws in Horovod's background thread, which aborts the process: a
+    rank still busy with the last `fit`'s end or the next one's data 5 s after a peer would end that peer. So
+    the ranks meet here first, in a scope of the run's rendezvous server of their own, for as long as
+    LIMITS.job_start_s; then a ClusterError names the ranks that never came."""
+    host = f"[{address}]" if ":" in address else address  # (an IPv6 address)
+    base = f"http://{host}:{port}/nbdist_arrive_{job}"
+    _request("PUT", f"{base}/{rank}", b"1")
+    waiting = set(range(size)) - {rank}
+    deadline = time.monotonic() + LIMITS.job_start_s
+    pause = threading.Event()
+    while True:
+        waiting = {other for other in waiting if _request("GET", f"{base}/{other}") != 200}
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise ClusterError(f"rank {rank} waited {LIMITS.job_start_s:g} s for rank(s) {sorted(waiting)} to start "
+                               f"Horovod job {job} of this run; they never came (see %dist status)")
+        pause.wait(ARRIVAL_POLL_S)
+
+
+def _request(method: str, url: str, body: bytes | None = None) -> int:
+    """The rendezvous server's HTTP status for one request (404: no such key yet)."""
+    request = urllib.request.Request(url, data=body, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=LIMITS.gloo_peer_s) as reply:
+            return reply.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError as error:
+        raise ClusterError(f"the run's Horovod rendezvous at {url.rsplit('/', 2)[0]} did not answer: {error}") from None
