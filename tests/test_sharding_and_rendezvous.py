@@ -110,7 +110,7 @@ from nbdist.strategies.rendezvous import arrive_together
 rank, port = int(os.environ["HOROVOD_RANK"]), int(os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"])
 for job in range(int(sys.argv[1])):
     if rank == 1 and job == 1:
-        time.sleep(float(sys.argv[2]))  # still ending the last fit, past Gloo's own wait (5 s here)
+        time.sleep(float(sys.argv[2]))  # the fault itself, not a wait on anything: late past Gloo's own 5 s
     arrive_together("127.0.0.1", port, rank, 2, job)  # what each rank does before hvd.init (HfdtWorker)
     hvd.init()
     assert float(hvd.allreduce(tf.constant([1.0]), op=hvd.Sum)[0]) == 2.0
@@ -119,29 +119,54 @@ for job in range(int(sys.argv[1])):
 
 
 class _LoadedHost(Rendezvous):
-    """The interleaving a loaded host makes, forced: rank 1's finalize of its host's local scope arrives 0.2 s
-    late (after rank 0 finalized cross_0), and from the second job on its new local address 0.3 s late (after
-    rank 0 read it). (Gloo names the local scope by the host's own name.)"""
+    """The interleaving a loaded host makes, forced by conditions on what the server has seen: in every job rank 1
+    finalizes its host's local scope only after rank 0 finalized cross_0, and from the second job on it publishes
+    its new local address only after rank 0 has asked for it. (Gloo names the local scope by the host's name.)"""
 
     def handler(self):
-        import time
+        import threading
 
-        base, local = super().handler(), f"/local_{socket.gethostname()}/1"
+        base, host = super().handler(), socket.gethostname()
+        seen = {"finalized cross_0": 0, "published local 0": 0, "asked local 1": 0}
+        changed = threading.Condition()
+
+        def count(what):
+            with changed:
+                seen[what] += 1
+                changed.notify_all()
+
+        def after(condition):  # bounded: with Horovod's handler rank 0 may already be dead and never ask
+            with changed:
+                changed.wait_for(lambda: condition(seen), timeout=30)
 
         class Late(base):
-            puts = 0
+            jobs = {"published": 0, "finalized": 0}
+
+            def do_GET(self):
+                if self.path == f"/local_{host}/1":
+                    count("asked local 1")
+                super().do_GET()
 
             def do_PUT(self):
-                if self.path == local:
-                    Late.puts += 1
-                    if Late.puts > 1:
-                        time.sleep(0.3)
+                if self.path == f"/local_{host}/0":
+                    with changed:
+                        seen["asked local 1"] = 0  # (asked in this job, from here on)
+                    count("published local 0")
+                if self.path == f"/local_{host}/1":
+                    Late.jobs["published"] += 1
+                    job = Late.jobs["published"]
+                    if job > 1:
+                        after(lambda s: s["published local 0"] >= job and s["asked local 1"] > 0)
                 super().do_PUT()
 
             def do_DELETE(self):
-                if self.path == local:
-                    time.sleep(0.2)
+                if self.path == f"/local_{host}/1":
+                    Late.jobs["finalized"] += 1
+                    job = Late.jobs["finalized"]
+                    after(lambda s: s["finalized cross_0"] >= job)
                 super().do_DELETE()
+                if self.path == "/cross_0/0":
+                    count("finalized cross_0")
 
         return Late
 
