@@ -234,7 +234,8 @@ class HfdtWorker(Worker):
         # for every run, so one run's setting is not the next's; an engine's own variable (set before its
         # first run) wins.
         os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = _ENGINE_GLOO_TIMEOUT or str(math.ceil(LIMITS.gloo_peer_s))
-        jobs = vars(self).setdefault("_jobs_started", collections.Counter())  # per rendezvous: this run's, or a re-formed job's
+        # jobs counted per rendezvous server: the run's own, or a re-formed job's
+        jobs = vars(self).setdefault("_jobs_started", collections.Counter())
         arrive_together(self.config["address"], port, slot["rank"], slot["size"], jobs[port])
         jobs[port] += 1
         hvd.init()
