@@ -72,7 +72,8 @@ def test_collect_then_install_gives_same_weights_history_and_optimizer_state():
     assert result.epoch == [0, 1] and sorted(result.history) == ["accuracy", "loss"]
 
     fresh = tiny_model()
-    installed = install_result(fresh, result, DATA[0])
+    installed, left = install_result(fresh, result, _request(fresh))
+    assert left == []
     for a, b in zip(trained.get_weights(), fresh.get_weights()):
         np.testing.assert_array_equal(a, b)
     assert int(fresh.optimizer.iterations.numpy()) == 2 * 2  # 2 epochs of ceil(40/32) steps: state came along
@@ -86,7 +87,7 @@ def test_install_builds_an_unbuilt_subclassed_model():
     result = FitResult.collect(trained, trained.fit(*DATA, epochs=1, verbose=0))
     fresh = Subclassed()
     fresh.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-    install_result(fresh, result, DATA[0])
+    install_result(fresh, result, _request(fresh))
     np.testing.assert_array_equal(fresh.get_weights()[0], trained.get_weights()[0])
 
 
@@ -95,7 +96,11 @@ def test_install_refuses_a_different_architecture():
     result = FitResult.collect(trained, trained.fit(*DATA, epochs=1, verbose=0))
     other = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5), keras.layers.Dense(3)])
     with pytest.raises(OptionError, match="does not match the one trained"):
-        install_result(other, result, DATA[0])
+        install_result(other, result, _request(other))
+
+
+def _request(model):
+    return bind_fit_arguments(keras.Model.fit, model, DATA, {})
 
 
 def test_samples_per_step_of_a_batched_dataset():

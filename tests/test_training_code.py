@@ -132,17 +132,15 @@ def test_what_rank_0_left_is_installed_into_the_notebooks_own_objects():
     import cloudpickle
     import keras
 
-    from nbdist.engine.loop_state import keras_state
+    from nbdist.keras_semantics.state_walk import capture
 
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     optimizer = keras.optimizers.Adam()
     optimizer.build(model.trainable_variables)
     optimizer.iterations.assign(7)
     losses = [1.0]
-    owners = {id(v): ("model", i) for i, v in enumerate(model.variables)}
     snapshot = Snapshot(values={"step": cloudpickle.dumps(41)}, containers={"losses": cloudpickle.dumps([1.0, 0.5])},
-                        states={"model": keras_state(model, "model", owners),
-                                "optimizer": keras_state(optimizer, "optimizer", owners)})
+                        state=capture({"model": model, "optimizer": optimizer}))
     here_model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     here = {"model": here_model, "optimizer": keras.optimizers.Adam(), "losses": losses}
     assert install(snapshot, here) == []

@@ -132,7 +132,10 @@ def run_training_cell(spec: dict) -> list:
     results: list[FitResult] = []
     seam = None
 
+    fitted: list = []  # the models the cell's fits trained (rank 0 captures the rest of the cell's state after)
+
     def handler(request):
+        fitted.append(request.model)
         _short_run(spec, request)
         seam.fitting += 1
         try:
@@ -168,11 +171,17 @@ def run_training_cell(spec: dict) -> list:
         fresh_traces(namespace)
         _carry_states(spec.get("states"), namespace)
     _seed(spec)
+    tree = cell_tree(python, filename, training.loops_at)
+    cell_names = rank_zero_state = None
+    if spec["rank"] == 0 and not training.loop:  # what the cell's names hold before it, to tell what it changed
+        from .cell_state import before_cell
+
+        cell_names, rank_zero_state = before_cell(tree, namespace)
     outcome = None
     with _interrupt_reported_short(spec["run"]), interrupt_guard.training(), working_directory(spec.get("cwd")), \
             _deterministic_ops(spec), callbacks.one_writer(spec["rank"], spec["size"]), worker.cell_context(), \
             intercept_fit(handler), (worker.loop_context() if training.loop else contextlib.nullcontext()), seam:
-        outcome = run_statements(cell_tree(python, filename, training.loops_at), filename, namespace, seam, data,
+        outcome = run_statements(tree, filename, namespace, seam, data,
                                  capture=training.loop and spec["rank"] == 0,
                                  statement_ended=worker.statement_ended)
     if not results and not seam.outside_fit:
@@ -181,6 +190,10 @@ def run_training_cell(spec: dict) -> list:
             "(or the training loop) in the %%distribute cell (it may be inside a function from a definition cell), "
             "or run the cell without %%distribute."
         )
+    if results and cell_names is not None:
+        from .cell_state import after_cell
+
+        results[-1].cell_state = after_cell(tree, namespace, cell_names, rank_zero_state, fitted)
     if seam.outside_fit:
         loop_reporter.update(seam.steps, seam.loss, final=True)
         timings = {"cell_start": spec.get("cell_start"), "engine_start": started,
@@ -191,12 +204,12 @@ def run_training_cell(spec: dict) -> list:
     return FitResult.pack(results)
 
 
-def _carry_states(states: dict | None, namespace: dict) -> None:
-    """A loop's optimizers and metrics take the state the notebook's have (`loop_state.states_of`)."""
-    if not states:
+def _carry_states(state, namespace: dict) -> None:
+    """A loop's optimizers and metrics take the state the notebook's have (`loop_state.carried`)."""
+    if state is None:
         return
-    from .loop_state import Snapshot, install
+    from .loop_state import install_state
 
-    problems = install(Snapshot(states=states), namespace)
+    problems = install_state(state, namespace)
     if problems:
         print("nbdist: " + "; ".join(problems), file=sys.stderr)

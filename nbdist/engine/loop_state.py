@@ -3,11 +3,12 @@ section 13): the notebook does not run the loop again; each top-level statement 
 optimizer is replaced there by installing what it left on rank 0.
 
 `capture` (on rank 0, right after such a statement) takes the names the statement bound (their values,
-pickled), the Keras objects it reads (models, layers, optimizers, metrics, variables: their variables' values,
-an optimizer with which variables of which named object it updates, so the notebook's optimizer is built over
-the notebook's model), and the lists, dicts and sets it changed in place. `install` (in the notebook) puts them
-in place: values bound, variables assigned into the notebook's own objects (so every other reference to them
-sees the trained state), containers updated in place.
+pickled), the state walk's capture of every Keras object it reads or binds (`keras_semantics.state_walk`: models,
+optimizers with the variables they were built over, metrics made anywhere, variables), and the lists, dicts and
+sets it changed in place. `install` (in the notebook) puts them in place: values bound, containers updated in
+place, then the captured state assigned into the notebook's own objects by address (so every other reference to
+them sees the trained state; a metric the loop made, bound here as its empty copy, takes its values; an optimizer
+first built on the engine is built here over the notebook's variables).
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-import numpy as np
-
+from ..keras_semantics import state_walk
 from ..keras_semantics.training_code import bound_names, read_names
 
 CONTAINERS = (list, dict, set)
@@ -24,12 +24,12 @@ CONTAINERS = (list, dict, set)
 
 @dataclass
 class Snapshot:
-    """What one top-level statement left on rank 0: `values` (names it bound, pickled), `states` (Keras objects'
-    variables), `containers` (lists, dicts and sets it changed, pickled), `skipped` (name: why it stays
-    behind) and the statement's printed output."""
+    """What one top-level statement left on rank 0: `values` (names it bound, pickled), `state` (the state walk's
+    capture of the Keras objects it reads or binds), `containers` (lists, dicts and sets it changed, pickled),
+    `skipped` (name: why it stays behind) and the statement's printed output."""
 
     values: dict[str, bytes] = field(default_factory=dict)
-    states: dict[str, dict] = field(default_factory=dict)
+    state: state_walk.State | None = None
     containers: dict[str, bytes] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     stdout: str = ""
@@ -58,67 +58,18 @@ def capture(statement: ast.stmt, namespace: dict, before: dict[str, tuple]) -> S
             snapshot.values[name] = cloudpickle.dumps(namespace[name])
         except Exception as exc:  # noqa: BLE001 - whatever makes it unpicklable is the reason to give
             snapshot.skipped[name] = f"{type(namespace[name]).__name__} cannot be pickled ({type(exc).__name__})"
-    owners = _variable_owners(namespace)
-    for name in read_names(statement, namespace):
-        if name in bound:
-            continue
+    read = read_names(statement, namespace)
+    for name in read:
         value = namespace[name]
-        state = keras_state(value, name, owners)
-        if state is not None:
-            snapshot.states[name] = state
-        elif isinstance(value, CONTAINERS) and before.get(name) != _fingerprint(value):
+        if name not in bound and isinstance(value, CONTAINERS) and before.get(name) != _fingerprint(value):
             try:
                 snapshot.containers[name] = cloudpickle.dumps(value)
             except Exception as exc:  # noqa: BLE001
                 snapshot.skipped[name] = f"{type(value).__name__} cannot be pickled ({type(exc).__name__})"
+    roots = state_walk.keras_roots([*read, *bound], namespace)
+    if roots:
+        snapshot.state = state_walk.capture(roots)
     return snapshot
-
-
-def keras_state(value, name: str, owners: dict[int, tuple[str, int]]) -> dict | None:
-    """The state of a Keras object to carry over by its variables (None: not one)."""
-    import keras
-
-    if isinstance(value, keras.Layer):  # models too
-        state = {"kind": "layer", "variables": _values(value.variables)}
-        if value.built:
-            state["build"] = value.get_build_config()
-        optimizer = getattr(value, "optimizer", None)
-        if isinstance(value, keras.Model) and isinstance(optimizer, keras.optimizers.Optimizer) and optimizer.built:
-            state["optimizer"] = _optimizer_state(optimizer, {**owners, **_owned_by(value, name)})
-        return state
-    if isinstance(value, keras.optimizers.Optimizer):
-        return _optimizer_state(value, owners) if value.built else None
-    if isinstance(value, keras.Variable):
-        return {"kind": "variable", "variables": _values([value])}
-    variables = getattr(value, "variables", None)
-    if isinstance(value, keras.metrics.Metric) and variables:
-        return {"kind": "variables", "variables": _values(variables)}
-    return None
-
-
-def _optimizer_state(optimizer, owners: dict[int, tuple[str, int]]) -> dict:
-    refs = [owners.get(id(v)) for v in optimizer._trainable_variables]
-    return {"kind": "optimizer", "variables": _values(optimizer.variables), "refs": refs}
-
-
-def _values(variables) -> list[np.ndarray]:
-    return [np.array(v.numpy() if hasattr(v, "numpy") else v) for v in variables]
-
-
-def _variable_owners(namespace: dict) -> dict[int, tuple[str, int]]:
-    """id(variable) -> (the name of the notebook's Keras layer or model holding it, its index there)."""
-    import keras
-
-    owners: dict[int, tuple[str, int]] = {}
-    for name, value in namespace.items():
-        if isinstance(value, keras.Layer) and not name.startswith("_"):
-            for key, ref in _owned_by(value, name).items():
-                owners.setdefault(key, ref)
-    return owners
-
-
-def _owned_by(layer, name: str) -> dict[int, tuple[str, int]]:
-    return {id(v): (name, i) for i, v in enumerate(layer.variables)}
 
 
 # -- in the notebook ----------------------------------------------------------------------------------------
@@ -131,12 +82,16 @@ def install(snapshot: Snapshot, namespace: dict) -> list[str]:
         namespace[name] = cloudpickle.loads(blob)
     for name, blob in snapshot.containers.items():
         _update_in_place(namespace, name, cloudpickle.loads(blob))
-    ordered = sorted(snapshot.states.items(), key=lambda item: item[1]["kind"] == "optimizer")  # models first
-    for name, state in ordered:
-        problem = _install_state(namespace.get(name), state, namespace)
-        if problem:
-            problems.append(f"{name}: {problem}")
+    if snapshot.state is not None:
+        problems += install_state(snapshot.state, namespace)
     return problems
+
+
+def install_state(state: state_walk.State, namespace: dict) -> list[str]:
+    """`state_walk.install` into the namespace's objects of the capture's names."""
+    missing = [name for name in state.roots if name not in namespace]
+    problems = [f"{name}: not in this notebook, so what it holds on the engines stayed there" for name in missing]
+    return problems + state_walk.install(state, {n: namespace[n] for n in state.roots if n in namespace})
 
 
 def _update_in_place(namespace: dict, name: str, new) -> None:
@@ -148,53 +103,6 @@ def _update_in_place(namespace: dict, name: str, new) -> None:
     else:  # dict, set
         old.clear()
         old.update(new)
-
-
-def _install_state(local, state: dict, namespace: dict) -> str | None:
-    import keras
-
-    if state["kind"] == "optimizer":
-        return _install_optimizer(local, state, namespace)
-    if state["kind"] == "layer":
-        if not isinstance(local, keras.Layer):
-            return "not a Keras layer or model in this notebook"
-        if not local.built and state.get("build"):
-            try:
-                local.build_from_config(state["build"])
-            except Exception as exc:  # noqa: BLE001 - said, the rest still installed
-                return f"could not be built here as on the engine ({type(exc).__name__}: {exc})"
-        problem = _assign(local.variables, state["variables"])
-        if problem is None and state.get("optimizer") and getattr(local, "optimizer", None) is not None:
-            problem = _install_optimizer(local.optimizer, state["optimizer"], namespace)
-        return problem
-    return _assign(getattr(local, "variables", None) or ([local] if local is not None else []), state["variables"])
-
-
-def _install_optimizer(local, state: dict, namespace: dict) -> str | None:
-    import keras
-
-    if not isinstance(local, keras.optimizers.Optimizer):
-        return "not a Keras optimizer in this notebook"
-    if not local.built:
-        if any(ref is None for ref in state["refs"]):
-            return "its variables belong to no model of the notebook, so its state cannot be placed"
-        try:
-            variables = [namespace[owner].variables[index] for owner, index in state["refs"]]
-        except (KeyError, IndexError, AttributeError):
-            return "the models whose variables it updates differ here from the engine's"
-        local.build(variables)
-    return _assign(local.variables, state["variables"])
-
-
-def _assign(variables, values) -> str | None:
-    variables = list(variables)
-    shapes = [tuple(v.shape) for v in variables]
-    if shapes != [tuple(np.shape(x)) for x in values]:
-        return (f"its variables differ here ({len(shapes)} of shapes {shapes[:3]}...) from rank 0's "
-                f"({len(values)}); re-run the cells that make it")
-    for variable, value in zip(variables, values):
-        variable.assign(value)
-    return None
 
 
 INSTALL = "__nbdist_install__"  # the notebook's name, while the cell is replayed, for installing statement k
@@ -240,6 +148,18 @@ def cell_objects(python: str, namespace: dict) -> dict:
             if isinstance(namespace.get(n), (keras.optimizers.Optimizer, keras.metrics.Metric))}
 
 
+def carried(objects: dict, models: dict) -> tuple[state_walk.State | None, dict]:
+    """The capture of the loop's optimizers and metrics (`objects`) to install on the engines before the cell, over
+    the notebook's `models` (synced on their own, so only addressed here), and the objects it carries: an unbuilt
+    optimizer is not carried (it is sent anew: the engine's may hold an older one's steps)."""
+    carried = {name: value for name, value in objects.items()
+               if not (state_walk.kind_of(value) == "optimizer" and not value.built)}
+    if not carried:
+        return None, {}
+    state = state_walk.capture({**models, **carried}).without(list(models))
+    return state, carried
+
+
 def config_digest(value) -> str:
     """What must match for an engine's object to take the notebook's state in place: its class and config."""
     import hashlib
@@ -247,13 +167,6 @@ def config_digest(value) -> str:
 
     text = json.dumps([type(value).__qualname__, value.get_config()], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def states_of(objects: dict, namespace: dict) -> dict[str, dict]:
-    """`keras_state` of each object (an unbuilt optimizer has none)."""
-    owners = _variable_owners(namespace)
-    states = {name: keras_state(value, name, owners) for name, value in objects.items()}
-    return {name: state for name, state in states.items() if state is not None}
 
 
 def object_digests(names: list[str]) -> dict[str, str | None]:

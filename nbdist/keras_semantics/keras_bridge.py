@@ -59,7 +59,12 @@ class FitRequest:
 
 @dataclass
 class FitResult:
-    """What a worker sends back for one `fit` call: weights, optimizer state, History, metrics."""
+    """What a worker sends back for one `fit` call: the trained state, History, metrics.
+
+    `state` is the state walk's capture of everything the fit's model reaches (layers, its optimizers, metrics,
+    seed generators: `state_walk`), installed in the notebook's model by address; `weights` and `optimizer_weights`
+    are the model's weights (`model.weights` order, what `model.set_weights` takes) and its optimizer's variables,
+    the same arrays where `state` holds them, or joined by a model-parallel strategy from its engines' parts."""
 
     weights: list
     optimizer_weights: list
@@ -74,36 +79,65 @@ class FitResult:
     kept: dict | None = None  # the weights stayed on the engines (`kept_weights`): where
     loop: dict | None = None  # a cell that stepped its optimizers itself: {"snapshots": {statement: Snapshot},
     # "steps", "stopped", "shards"} (`cell_runner`); the notebook installs the snapshots instead of the loop
+    state: Any = None  # the fit's model's `state_walk.State` (None: a model-parallel worker's, whose parts are joined)
+    cell_state: Any = None  # the last fit's only: what else of the cell's names changed (`state_walk.State`)
 
     @staticmethod
     def pack(results: list) -> list:
-        """Results as ipyparallel sends them without copying: every array a top-level item (it pickles anything
-        nested, so a copy of every weight would be made on the engine), the results without them first. (A list of
-        64 items or more it pickles whole: a model of many variables still pays the copy.)"""
+        """Results as ipyparallel sends them without copying: every array a top-level item, once however often it
+        is named (it pickles anything nested, so a copy of every weight would be made on the engine), the results
+        without them first. (A list of 64 items or more it pickles whole: a model of many variables still pays the
+        copy.)"""
         arrays: list = []
+        index: dict[int, int] = {}
 
         def out(values):
-            arrays.extend(values)
-            return [len(arrays) - len(values), len(values)]
+            places = []
+            for value in values:
+                if id(value) not in index:
+                    index[id(value)] = len(arrays)
+                    arrays.append(value)
+                places.append(index[id(value)])
+            return places
 
-        shells = [replace(r, weights=out(r.weights), optimizer_weights=out(r.optimizer_weights)) for r in results]
+        def out_state(state):
+            if state is None:
+                return None
+            return replace(state, values=dict(zip(state.values, out(state.values.values()))))
+
+        shells = [replace(r, state=out_state(r.state), cell_state=out_state(r.cell_state), weights=out(r.weights),
+                          optimizer_weights=out(r.optimizer_weights)) for r in results]
         return [shells, *arrays]
 
     @staticmethod
     def unpack(packed: list) -> list:
         """The results `pack` sent."""
         shells, arrays = packed[0], packed[1:]
-        return [replace(r, weights=arrays[r.weights[0]:sum(r.weights)],
-                        optimizer_weights=arrays[r.optimizer_weights[0]:sum(r.optimizer_weights)]) for r in shells]
+
+        def state_of(state):
+            return None if state is None else replace(state, values={a: arrays[i] for a, i in state.values.items()})
+
+        return [replace(r, state=state_of(r.state), cell_state=state_of(r.cell_state),
+                        weights=[arrays[i] for i in r.weights],
+                        optimizer_weights=[arrays[i] for i in r.optimizer_weights]) for r in shells]
 
     @classmethod
     def collect(cls, model, history, records=(), timings=None, callbacks=(), files=()) -> "FitResult":
         """The fit's result from the trained `model` (None: a model-parallel worker, whose parts went to the kernel
         by `nbdist.model_parts.desk`)."""
-        optimizer = getattr(model, "optimizer", None)
+        from .state_walk import Walk, capture
+
+        state = weights = optimizer_weights = None
+        if model is not None:
+            walk = Walk({"model": model})
+            state = capture(walk.roots, walk=walk)
+            optimizer = getattr(model, "optimizer", None)
+            weights = [state.values[walk.address_of(w)] for w in model.weights]
+            optimizer_weights = ([state.values[walk.address_of(v)] for v in optimizer.variables]
+                                 if optimizer is not None else [])
         return cls(
-            weights=[np.asarray(w) for w in model.get_weights()] if model is not None else [],
-            optimizer_weights=[np.asarray(v) for v in optimizer.variables] if optimizer is not None else [],
+            weights=weights or [],
+            optimizer_weights=optimizer_weights or [],
             history={k: [float(v) for v in vals] for k, vals in history.history.items()},
             params=dict(history.params or {}),
             epoch=list(history.epoch),
@@ -111,6 +145,7 @@ class FitResult:
             timings=dict(timings or {}),
             callbacks=list(callbacks),
             files=list(files),
+            state=state,
         )
 
 

@@ -1,5 +1,6 @@
-"""A run's results in the notebook's model: the trained weights and optimizer state (or, where they stayed on
-the engines, the model as their skeleton), the History, and rank 0's callback state."""
+"""A run's results in the notebook's model: everything the fit's model reaches, installed by the state walk's
+addresses (`keras_semantics.state_walk`: weights, every optimizer it holds, metrics, seed generators; or, where the
+weights stayed on the engines, the model as their skeleton), the History, and rank 0's callback state."""
 
 from __future__ import annotations
 
@@ -9,20 +10,29 @@ from ..errors import OptionError
 from ..keras_semantics.keras_bridge import FitResult, build_from_sample
 
 
-def install_result(model, result: FitResult, sample_input=None, callbacks=None, client=None):
-    """Give `model` the trained weights and optimizer state (or, where they stayed on the engines, make it their
-    skeleton: `kept_weights.hold`; `client` reaches the engines), and `callbacks` (the notebook's callback objects of
-    this fit) rank 0's callback state; return the run's History."""
+def install_result(model, result: FitResult, request=None, callbacks=None, client=None) -> tuple:
+    """Give `model` the trained state (or, where the weights stayed on the engines, make it their skeleton:
+    `kept_weights.hold`; `client` reaches the engines), and `callbacks` (the notebook's callback objects of this
+    fit) rank 0's callback state; `request`: the notebook's fit call (its data builds what the engines built).
+    Returns the run's History and what could not be installed (one line each)."""
     import keras
 
     from ..keras_semantics import callbacks as worker_callbacks
 
+    sample_input = request.x if request is not None else None
     if not model.built:
         build_from_sample(model, sample_input)
+    problems: list[str] = []
     if result.kept is not None:
         from ..model_parts.kept_weights import hold
 
         hold(model, result.kept, client)
+    elif result.state is not None:
+        from ..model_parts.kept_weights import release_hold
+
+        release_hold(model)  # (a skeleton whose weights were on the engines holds them here again)
+        _refuse_another_architecture(model, result)
+        problems = install(result.state, {"model": model}, request)
     else:
         _install_weights(model, result)
     history = keras.callbacks.History()
@@ -32,21 +42,64 @@ def install_result(model, result: FitResult, sample_input=None, callbacks=None, 
     history.epoch = list(result.epoch)
     model.history = history
     worker_callbacks.restore(callbacks, result.callbacks, model, result.params)
-    return history
+    return history, problems
+
+
+def install(state, roots: dict, request=None) -> list[str]:
+    """`state_walk.install` of `state` into `roots`; a model's compiled metrics the engines built are built here
+    from the first batch of `request`'s data, as Keras' own `fit` builds them."""
+    from ..keras_semantics import state_walk
+
+    def build_metrics(address, metric):
+        owner = roots.get(address.split(".", 1)[0])
+        if request is None or address.split(".", 1)[-1] != "_compile_metrics" or owner is None:
+            raise ValueError("Keras builds a model's compiled metrics from a batch of its data, which this fit "
+                             "does not give here")
+        owner._symbolic_build(data_batch=_data_batch(request))
+
+    return state_walk.install(state, roots, build_metrics)
+
+
+def _data_batch(request) -> tuple:
+    """(x, y, sample_weight) of one sample of the fit's data, as the notebook holds it."""
+    from ..datasets import structures
+    from ..datasets.sharding import first_batch, is_dataset, is_py_dataset
+
+    x = request.args.get("x")
+    if is_dataset(x) or is_py_dataset(x):
+        return first_batch(x)
+    one = slice(0, 1)
+    return (structures.take(x, one), structures.take(request.args.get("y"), one),
+            structures.take(request.args.get("sample_weight"), one))
+
+def _refuse_another_architecture(model, result: FitResult) -> None:
+    """The notebook's model must have the weights the engines trained, at the same addresses and shapes."""
+    from ..keras_semantics.state_walk import Walk
+
+    walk = Walk({"model": model})
+    here = {walk.address_of(w): tuple(w.shape) for w in model.weights}
+    trained = {a: tuple(np.shape(result.state.values[a])) for a in here if a in result.state.values}
+    if here != trained or len(result.weights) != len(here):
+        _mismatch(list(here.values()), [tuple(np.shape(w)) for w in result.weights])
+
+
+def _mismatch(expected, received):
+    raise OptionError(
+        "The model built in this notebook does not match the one trained on the engines "
+        f"(weight shapes here {expected[:4]}..., trained {received[:4]}...). "
+        "Make sure the definition cells are the same here and on the engines (re-run them)."
+    )
 
 
 def _install_weights(model, result: FitResult) -> None:
+    """A model-parallel run's joined weights and optimizer variables, in the engines' `model.weights` order."""
     from ..model_parts.kept_weights import release_hold
 
     release_hold(model)  # (a skeleton whose weights were on the engines holds them here again)
     expected = [tuple(w.shape) for w in model.get_weights()]
     received = [tuple(w.shape) for w in result.weights]
     if expected != received:
-        raise OptionError(
-            "The model built in this notebook does not match the one trained on the engines "
-            f"(weight shapes here {expected[:4]}..., trained {received[:4]}...). "
-            "Make sure the definition cells are the same here and on the engines (re-run them)."
-        )
+        _mismatch(expected, received)
     model.set_weights(result.weights)
     _install_optimizer_state(model, result.optimizer_weights)
 

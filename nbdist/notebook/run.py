@@ -46,6 +46,7 @@ class Run:
         ps: each parameter-server shard's counters and push log (PS strategies).
         plan: how a model-parallel run split the model (`pipeline`: the cuts and each stage's layers).
         notes: what the user should know about the run (an effective momentum that risks divergence).
+        left: what of the engines' state could not come back into the notebook's objects (told under the cell).
         sent: the bytes of notebook models sent to the engines before training, and to which engines.
         services: the processes the run started for itself (parameter-server shards), with their pids.
     """
@@ -67,6 +68,7 @@ class Run:
     checkpoint: dict | None = None
     ps: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
     plan: dict = field(default_factory=dict)  # how a model-parallel run split the model (pipeline: stages, cuts)
     hosts: dict[int, dict] = field(default_factory=dict)  # engine id -> {"host", "gpus"}
     sent: dict = field(default_factory=dict)  # what the kernel sent before training: {"model_bytes", "models",

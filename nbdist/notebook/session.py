@@ -224,9 +224,7 @@ class Session:
         from ..engine import loop_state
 
         objects = loop_state.cell_objects(self._python(cell), self.shell.user_ns)
-        strategy.loop_states = loop_state.states_of(objects, self.shell.user_ns)
-        objects = {name: value for name, value in objects.items() if name in strategy.loop_states}  # (a new,
-        # unbuilt optimizer is sent anew: the engine's may hold an older one's steps)
+        strategy.loop_states, objects = loop_state.carried(objects, self.models_used(cell))
         if not objects:
             return set()
         cluster = self.require_cluster()
@@ -509,13 +507,17 @@ class Session:
         if loop is not None:
             return self._replay_loop(run, loop)
         results = iter(run.fits)
+        problems: list[str] = []
 
         def install(request):
             result = next(results, None)
             if result is None:
                 raise OptionError("this cell called fit more times here than it did on the engines; "
                                   "make the number of fit calls deterministic.")
-            return install_result(request.model, result, request.x, request.callbacks, self.require_cluster().client)
+            history, left = install_result(request.model, result, request, request.callbacks,
+                                           self.require_cluster().client)
+            problems.extend(left)
+            return history
 
         if run.options.get("seed") is not None:  # what the cell computes besides fit matches the engines'
             import keras
@@ -526,6 +528,20 @@ class Session:
         if not outcome.success:
             raise NbdistError(f"run {run.id} trained on the engines, but the cell failed here (see above); "
                               f"its results are in nbdist.last_run.")
+        cell_state = next((fit.cell_state for fit in reversed(run.fits) if fit.cell_state is not None), None)
+        if cell_state is not None:  # what else of the cell's names the engines changed (a metric it made)
+            from .results import install
+
+            namespace = self.shell.user_ns
+            problems += install(cell_state, {n: namespace[n] for n in cell_state.roots if n in namespace})
+        self._tell_left(run, problems)
+
+    @staticmethod
+    def _tell_left(run: runs.Run, problems: list[str]) -> None:
+        """Say under the cell what of the engines' state could not come back into the notebook (never silent)."""
+        for problem in dict.fromkeys(problems):
+            run.left.append(problem)
+            print(f"nbdist: {problem}.")
 
 
     def _replay_loop(self, run: runs.Run, loop: dict) -> None:

@@ -251,7 +251,7 @@ class Strategy:
         self.bus = None  # the run's control bus (`nbdist.strategies.control_bus`), set by `Run` while it runs
         self.notebook_models: dict = {}  # fills_own_part: {name: the notebook's `ModelState`}, set before prepare
         self.training: dict | None = None  # how the cell trains, as the kernel read it (`training_code.Training`)
-        self.loop_states: dict = {}  # a loop cell's optimizers and metrics as the notebook holds them (`loop_state`)
+        self.loop_states = None  # a loop cell's optimizers and metrics as the notebook holds them (`loop_state.carried`)
 
     @property
     def loop(self) -> bool:
