@@ -23,6 +23,7 @@ def schedule_of(optimizer):
     Keras keeps the schedule in the private `_learning_rate` (its public `learning_rate` is
     the current value): this is the one place nbdist reads it.
     """
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's rate is its inner's
     value = getattr(optimizer, "_learning_rate", None)
     return value if is_schedule(value) else None
 

@@ -42,6 +42,7 @@ class StepSeam:
         self.optimizers: list = []  # in the order of their first step
         self.fitting = 0  # fit calls in progress
         self._target = threading.local()  # the last tape.gradient target of this thread
+        self._wrapped = threading.local()  # on: inside a routed wrapper's own apply (its inner step is not routed)
         self._saved: list = []
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -73,23 +74,39 @@ class StepSeam:
             self._loss = tf.Variable(math.nan, dtype=tf.float32, trainable=False, name="nbdist_loss")
             self._seen = tf.Variable(np.zeros(2, np.float32), trainable=False, name="nbdist_controls")
             self._on = tf.Variable(False, trainable=False, name="nbdist_control_on")
+        from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
+
         seam, apply, gradient = self, BaseOptimizer.apply, tf.GradientTape.gradient
+        scaled_apply = LossScaleOptimizer.apply
 
         def routed_apply(optimizer, grads, trainable_variables=None):
             grads = list(grads)
-            if not grads or not seam.takes(optimizer):
+            if not grads or not seam.takes(optimizer) or getattr(seam._wrapped, "on", False):
                 return apply(optimizer, grads, trainable_variables)
             variables = list(trainable_variables if trainable_variables is not None
                              else optimizer._trainable_variables)
             return seam.step(optimizer, grads, variables, lambda g, v: apply(optimizer, g, v))
+
+        def routed_scaled_apply(optimizer, grads, trainable_variables=None):
+            """A LossScaleOptimizer's step: a synchronous router takes it whole (the loss-scaled gradients averaged
+            first, so every rank finds the same overflow and skips the same steps); otherwise its inner
+            optimizer's step is the seam's, made with the unscaled gradients when they are finite."""
+            grads = list(grads)
+            if not grads or not seam.takes(optimizer) or not getattr(seam.router, "synchronous", False):
+                return scaled_apply(optimizer, grads, trainable_variables)
+            variables = list(trainable_variables if trainable_variables is not None
+                             else optimizer._trainable_variables)
+            return seam.step(optimizer, grads, variables, lambda g, v: seam._unrouted(scaled_apply, optimizer, g, v))
 
         def noted_gradient(tape, target, *args, **kwargs):
             seam._target.value = target
             return gradient(tape, target, *args, **kwargs)
 
         routed_apply.__doc__, noted_gradient.__doc__ = apply.__doc__, gradient.__doc__
-        self._saved = [(BaseOptimizer, "apply", apply), (tf.GradientTape, "gradient", gradient)]
+        self._saved = [(BaseOptimizer, "apply", apply), (tf.GradientTape, "gradient", gradient),
+                       (LossScaleOptimizer, "apply", scaled_apply)]
         BaseOptimizer.apply, tf.GradientTape.gradient = routed_apply, noted_gradient
+        LossScaleOptimizer.apply = routed_scaled_apply
         if self.monitor is not None and self.loops:
             self._thread = threading.Thread(target=self._watch, name="nbdist-loop-monitor", daemon=True)
             self._thread.start()
@@ -102,6 +119,14 @@ class StepSeam:
         self._done.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+    def _unrouted(self, apply, optimizer, grads, variables):
+        """`apply` with the optimizer steps it makes inside (a wrapper's inner optimizer) not routed again."""
+        self._wrapped.on = True
+        try:
+            return apply(optimizer, grads, variables)
+        finally:
+            self._wrapped.on = False
 
     def _watch(self) -> None:
         import sys

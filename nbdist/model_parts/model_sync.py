@@ -189,8 +189,8 @@ def compile_text(config: dict) -> str:
 
 
 def digests(names: list[str]) -> dict:
-    """Engine side: {name: (architecture, digest)} of this engine's models of these names (None if absent); the
-    digest is None where the model's weights are not all here (made empty, see `keras_semantics.empty_weights`)."""
+    """Engine side: {name: (architecture, digest, compiled)} of this engine's models of these names (None if absent);
+    the digest is None where the model's weights are not all here (made empty, see `keras_semantics.empty_weights`)."""
     import keras
 
     from ..keras_semantics.empty_weights import any_empty
@@ -202,7 +202,8 @@ def digests(names: list[str]) -> dict:
         model = namespace.get(name)
         usable = isinstance(model, keras.Model) and not getattr(model, "_nbdist_released", False)  # (model_parts)
         whole = usable and not any_empty(model.weights)
-        out[name] = (architecture(model), ModelState.of(model).digest() if whole else None) if usable else None
+        out[name] = (architecture(model), ModelState.of(model).digest() if whole else None,
+                     bool(model.compiled)) if usable else None
     return out
 
 

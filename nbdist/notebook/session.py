@@ -127,11 +127,19 @@ class Session:
         return definition
 
     def sync_definitions(self, engine_ids: list[int], empty_weights: bool = False) -> None:
-        """Replay, in order, every definition an engine lacks or has in an older text; with `empty_weights`, its
-        layers' weights made without values (`keras_semantics.empty_weights`)."""
+        """Give the engines the notebook's Keras settings (`keras_globals`: a mixed-precision policy a plain cell
+        set), then replay, in order, every definition an engine lacks or has in an older text; with
+        `empty_weights`, its layers' weights made without values (`keras_semantics.empty_weights`)."""
+        from ..keras_semantics import keras_globals
+
+        cluster = self.require_cluster()
+        if self.shell is not None:
+            settings = keras_globals.current()
+            calls = {eid: cluster.client[eid].apply_async(keras_globals.apply, settings) for eid in engine_ids}
+            for eid, ar in calls.items():
+                self._raise_sync_error(cluster, eid, ar)
         if not self.definitions:
             return
-        cluster = self.require_cluster()
         have = {eid: cluster.client[eid].apply_async(namespace.definition_digests) for eid in engine_ids}
         have = {eid: ar.get(timeout=LIMITS.definition_s) for eid, ar in have.items()}
         for definition in sorted(self.definitions.values(), key=lambda d: d.index):
@@ -193,14 +201,16 @@ class Session:
                 if theirs is not None and theirs[1] == digest:
                     continue
                 client = cluster.client[eid]
-                if name in by_code and (theirs is None or theirs[0] != state.architecture):
+                # another architecture, or compiled there while the notebook's is not (an engine cannot uncompile)
+                other = theirs is None or theirs[0] != state.architecture or (theirs[2] and not state.compile)
+                if name in by_code and other:
                     # the statements that made it run there again (the bring plan), its state installed after
                     calls.append((eid, client.apply_async(namespace.forget, [f"bring:{name}"])))
                     continue
-                if (theirs is None or theirs[0] != state.architecture) and not values:
+                if other and not values:
                     calls.append((eid, client.apply_async(model_sync.receive_skeleton, name,
                                                           model_sync.skeleton(used[name]), functions)))
-                elif theirs is None or theirs[0] != state.architecture:
+                elif other:
                     blob = blob or pickle.dumps(used[name])
                     calls.append((eid, client.apply_async(model_sync.receive, name, blob, functions)))
                     sent["model_bytes"] += len(blob)

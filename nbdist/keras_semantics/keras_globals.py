@@ -1,0 +1,29 @@
+"""Keras' process-wide settings that a notebook changes in a plain cell and that decide how a model computes: the
+mixed-precision policy (`keras.mixed_precision.set_global_policy("mixed_float16")`: layers compute in float16 and
+`compile` wraps the optimizer in a `LossScaleOptimizer`), `floatx`, the image data format and epsilon. The engines
+take the notebook's before its definitions and models reach them, so a model built or compiled there is the one a
+local run would have."""
+
+from __future__ import annotations
+
+
+def current() -> dict:
+    """The notebook's settings (what `apply` sets on an engine)."""
+    import keras
+
+    return {"policy": keras.mixed_precision.global_policy().name, "floatx": keras.backend.floatx(),
+            "image_data_format": keras.backend.image_data_format(), "epsilon": keras.backend.epsilon()}
+
+
+def apply(settings: dict) -> None:
+    """Engine side: make this process's settings the notebook's."""
+    import keras
+
+    if keras.backend.floatx() != settings["floatx"]:
+        keras.backend.set_floatx(settings["floatx"])
+    if keras.mixed_precision.global_policy().name != settings["policy"]:
+        keras.mixed_precision.set_global_policy(settings["policy"])
+    if keras.backend.image_data_format() != settings["image_data_format"]:
+        keras.backend.set_image_data_format(settings["image_data_format"])
+    if keras.backend.epsilon() != settings["epsilon"]:
+        keras.backend.set_epsilon(settings["epsilon"])
