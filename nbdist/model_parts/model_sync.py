@@ -118,6 +118,8 @@ class ModelState:
     optimizer: list | None = None  # the optimizer's variables, when it has been built
     trainable_count: int = 0  # how many trainable variables the optimizer's slots follow
     kept: dict | None = None  # where the weights stay when not in the notebook (`kept_weights`): no values here
+    seeds: dict = field(default_factory=dict)  # its seed generators' states by the state walk's address (a Dropout's:
+    # Keras' pickling draws a new one, so an engine's copy would drop other units than the notebook's)
 
     @classmethod
     def of(cls, model) -> "ModelState":
@@ -132,7 +134,7 @@ class ModelState:
                    [bool(layer.trainable) for layer in _layers(model)],
                    model.get_compile_config() if model.compiled else {},
                    [np.asarray(v.numpy()) for v in optimizer.variables] if built else None,
-                   len(model.trainable_variables))
+                   len(model.trainable_variables), seeds=seed_states(model))
 
     @property
     def compile_text(self) -> str:
@@ -141,7 +143,8 @@ class ModelState:
     def settings(self) -> "ModelState":
         """This state without the values: what an engine that fills only its own part of the model gets
         (trainable flags and compile configuration)."""
-        return ModelState(self.architecture, None, self.trainable, self.compile, None, self.trainable_count)
+        return ModelState(self.architecture, None, self.trainable, self.compile, None, self.trainable_count,
+                          seeds=self.seeds)
 
     def part(self, weight_index: list[int], trainable_index: list[int], prefix: int, axes: list | None = None,
              slot_axes: list | None = None, rank: int = 0, size: int = 1) -> tuple[list, list | None]:
@@ -171,11 +174,34 @@ class ModelState:
         h.update(self.compile_text.encode())
         h.update(b"built" if self.optimizer is not None else b"fresh")
         h.update(json.dumps(self.kept, sort_keys=True).encode())
+        for address in sorted(self.seeds):
+            h.update(address.encode() + np.ascontiguousarray(self.seeds[address]).tobytes())
         return h.hexdigest()[:24]
 
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (self.weights or []) + (self.optimizer or []))
+
+
+def seed_states(model) -> dict:
+    """{address: state} of the seed generators `model` reaches (`state_walk` addresses)."""
+    from ..keras_semantics.state_walk import Walk
+
+    walk = Walk({"model": model})
+    seeds = [a for a, kind in walk.kinds.items() if kind == "seed"]
+    return {a: np.asarray(walk.objects[a].state.numpy()) for a in seeds}
+
+
+def install_seeds(model, seeds: dict) -> None:
+    """Engine side: the notebook's seed generator states into this engine's copy of `model`."""
+    from ..keras_semantics.empty_weights import fill
+    from ..keras_semantics.state_walk import Walk
+
+    walk = Walk({"model": model})
+    for address, value in seeds.items():
+        generator = walk.objects.get(address)
+        if generator is not None and tuple(generator.state.shape) == tuple(np.shape(value)):
+            fill(generator.state, value)  # (made empty with the weights, where they were)
 
 
 def compile_text(config: dict) -> str:
@@ -223,6 +249,7 @@ def install(name: str, state: ModelState, functions: bytes | None = None) -> Non
         fill(variable, value)  # (model.set_weights, for weights made empty too)
     if state.weights:
         finalize_states(model)  # (an adapted Normalization's statistics follow its weights)
+    install_seeds(model, state.seeds)
     # a fresh optimizer in the notebook (a model rebuilt and compiled again) is fresh here too, not this engine's
     # optimizer of the last run, its steps and slots
     stale = state.optimizer is None and getattr(model, "optimizer", None) is not None and model.optimizer.built
@@ -270,9 +297,9 @@ def compile_as(model, config: dict) -> None:
     model.compile(**keras.saving.deserialize_keras_object(config))
 
 
-def receive(name: str, blob: bytes, functions: bytes | None = None) -> None:
+def receive(name: str, blob: bytes, functions: bytes | None = None, seeds: dict | None = None) -> None:
     """Engine side: the whole model, as Keras pickles it (its own saving format inside); `functions`: the
-    notebook's own functions it names (`functions_blob`)."""
+    notebook's own functions it names (`functions_blob`); `seeds`: its seed generators' states (`seed_states`)."""
     import pickle
 
     import keras
@@ -282,6 +309,7 @@ def receive(name: str, blob: bytes, functions: bytes | None = None) -> None:
     namespace = user_namespace()
     with keras.saving.custom_object_scope(_notebook_objects(namespace, functions)):
         namespace[name] = pickle.loads(blob)
+    install_seeds(namespace[name], seeds or {})
     namespace.setdefault(NAMES_VAR, set()).add(name)  # released with the names the cells bound
 
 

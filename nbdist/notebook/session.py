@@ -212,7 +212,7 @@ class Session:
                                                           model_sync.skeleton(used[name]), functions)))
                 elif other:
                     blob = blob or pickle.dumps(used[name])
-                    calls.append((eid, client.apply_async(model_sync.receive, name, blob, functions)))
+                    calls.append((eid, client.apply_async(model_sync.receive, name, blob, functions, state.seeds)))
                     sent["model_bytes"] += len(blob)
                 elif not values:
                     calls.append((eid, client.apply_async(model_sync.install, name, state.settings(), functions)))

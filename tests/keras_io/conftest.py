@@ -7,11 +7,13 @@ its engines idle, as any notebook should.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.keras_io.harness import NotebookKernel
+from tests.keras_io.harness import CELL_TIMEOUT_S, DETERMINISM, RESEED, NotebookKernel, plain_cell
+from tests.state_oracle import capture
 from tests.support import idle_engines, scaled
 
 SETUP_TIMEOUT_S = 180  # a cell of an example's set-up (imports, data, a small pre-training in the kernel)
@@ -25,6 +27,34 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.cluster)
 
 
+@dataclass
+class PlainRun:
+    """The example run plain: its kernel's whole state (the state walk's capture) and its MEASURE."""
+
+    state: object
+    measure: float
+
+
+@pytest.fixture(scope="module")
+def plain_notebook(request, tmp_path_factory) -> PlainRun:
+    """The example's cells run once as a plain notebook (no nbdist), seeded and deterministic as the distributed
+    runs are (`harness.DETERMINISM`, `plain_cell`), in a folder and a kernel of their own, stopped at once."""
+    module = request.module
+    folder = tmp_path_factory.mktemp(module.__name__.rsplit(".", 1)[-1] + "-plain")
+    driver = NotebookKernel(cwd=str(folder))
+    try:
+        driver.run(DETERMINISM).check()
+        for cell in module.SETUP:
+            driver.run(cell, timeout=SETUP_TIMEOUT_S).check()
+        driver.run(RESEED).check()
+        for cell in module.RUN:
+            if not callable(cell):
+                driver.run(plain_cell(cell), timeout=CELL_TIMEOUT_S).check()
+        return PlainRun(capture(driver, folder / "state-plain.pkl"), float(driver.value(module.MEASURE.expression)))
+    finally:
+        driver.stop()
+
+
 @pytest.fixture(scope="module")
 def notebook(cluster, request, tmp_path_factory):
     """A fresh kernel for the module's example (a new notebook): nbdist loaded and connected, then the example's
@@ -36,6 +66,7 @@ def notebook(cluster, request, tmp_path_factory):
     try:
         driver.run("%load_ext nbdist\nimport nbdist").check()
         driver.run(f"%dist connect --cluster-id {cluster.cluster_id}", timeout=scaled(120)).check()
+        driver.run(DETERMINISM).check()
         for cell in request.module.SETUP:
             driver.run(cell, timeout=SETUP_TIMEOUT_S).check()
         driver.folder = folder

@@ -9,9 +9,19 @@ An example module (one notebook) declares:
   also be a function (notebook, strategy) that checks the notebook between two cells;
 - OUTCOMES: for every strategy of STRATEGIES, `Trains()` or `Refused("a phrase of nbdist's OptionError")`;
 - MODEL: the notebook name of the model the training cell fits (an hfdt run's ranks must end equal);
-- check(notebook, strategy): what the example's own text says it shows, at the small size;
+- check(notebook, strategy): what the example's own text says it shows, at the small size, without a number to reach;
+- MEASURE: the example's headline number (`Measure`: a test accuracy, a loss), read in the notebook after RUN;
+- BOUNDS: for every strategy but `local` that trains it, the bound its MEASURE must reach (`Bound`), measured from the
+  spread of five seeded runs under that strategy (`python -m tests.keras_io.measure`), with how, beside it;
+- IGNORE (optional): addresses of the state walk the state oracle leaves out, with why;
 - FILES (optional): glob patterns of the files the example writes beside the notebook, removed before each
   strategy's run so that its check sees that run's files.
+
+Every example also runs plain, once, in a kernel of its own (`plain_notebook`, tests/keras_io/conftest.py): the same
+cells without `%%distribute`, seeded as `--seed 1` seeds the engines, with TensorFlow's op determinism on in both
+kernels (the engines take it from the notebook). After each strategy's run the state oracle (tests/state_oracle.py)
+compares the two notebooks' whole state by that strategy's rule; under `local` the MEASURE equals plain's
+(`LOCAL_MEASURE_TOLERANCE`), under the others it reaches its measured bound.
 """
 
 from __future__ import annotations
@@ -19,9 +29,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from tests import state_oracle
 from tests.kernel_driver import KernelDriver
 
 STRATEGIES = ("local", "hfdt", "nfdt", "pipeline", "tensor")
+SEED = 1
+# both kernels, before anything else: TensorFlow computes the same numbers every time (the engines follow the
+# notebook's setting), and Python, NumPy and TensorFlow are seeded; before each strategy's cells, seeded again
+DETERMINISM = ("import keras as _keras, tensorflow as _tf\n_tf.config.experimental.enable_op_determinism()\n"
+               f"_keras.utils.set_random_seed({SEED})")
+RESEED = f"_keras.utils.set_random_seed({SEED})"
+WORKERS = {"local": 1, "hfdt": 2, "nfdt": 2, "pipeline": 2, "tensor": 2}
+# a seeded local run against its plain run: the measures below differed by at most this (make acceptance,
+# 2026-12-07; weights within state_oracle.LOCAL_RTOL), an image or two of a test set flipping at most
+LOCAL_MEASURE_TOLERANCE = 0.01
 LINES = {
     "local": "--strategy local --workers 1 --seed 1",
     "hfdt": "--strategy hfdt --workers 2 --seed 1",
@@ -31,6 +52,26 @@ LINES = {
     "tensor": "--strategy tensor --workers 2 --seed 1",
 }
 CELL_TIMEOUT_S = 240  # one cell of an example at its small size, on a loaded 2-core machine
+
+
+@dataclass(frozen=True)
+class Measure:
+    """An example's headline number: `expression` evaluated in the notebook after its cells (plain or not: it reads
+    the notebook's names, not nbdist's); `higher` is better (an accuracy) or not (a loss)."""
+
+    name: str
+    expression: str
+    higher: bool | None = True  # None: neither (a GAN's losses): equal to plain's under local, no bound elsewhere
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What a strategy's run must reach on the example's MEASURE, and how that was measured (the runs' values, their
+    mean and spread, plain's mean and the gap): `value` is the mean less three standard deviations of five runs with
+    seeds 1-5 (plus three for a lower-is-better measure)."""
+
+    value: float
+    measured: str
 
 
 @dataclass(frozen=True)
@@ -65,12 +106,19 @@ def distributed(cell: str, strategy: str) -> str:
     return cell.replace("%%distribute {line}", f"%%distribute {LINES[strategy]}", 1)
 
 
-def run_example(notebook, module, strategy: str, cluster) -> None:
-    """Run the example's RUN cells under `strategy` and hold it to its declared outcome."""
+def plain_cell(cell: str) -> str:
+    """A training cell as the plain notebook runs it: without the magic line, seeded as `--seed` seeds the engines."""
+    return f"{RESEED}\n" + cell.split("\n", 1)[1] if cell.startswith("%%distribute") else cell
+
+
+def run_example(notebook, module, strategy: str, cluster, plain=None) -> None:
+    """Run the example's RUN cells under `strategy` and hold it to its declared outcome; with `plain` (the example
+    run plain, `plain_notebook`), the state oracle and the MEASURE against it or the strategy's bound."""
     outcome = module.OUTCOMES[strategy]
     for pattern in getattr(module, "FILES", ()):
         for path in notebook.folder.glob(pattern):
             path.unlink()
+    notebook.run(RESEED).check()
     trained = 0
     for cell in module.RUN:
         if callable(cell):
@@ -89,6 +137,28 @@ def run_example(notebook, module, strategy: str, cluster) -> None:
     if strategy == "hfdt":
         assert_replicas_agree(notebook, cluster, module.MODEL)
     module.check(notebook, strategy)
+    if plain is not None:
+        assert_like_plain(notebook, module, strategy, plain)
+
+
+def assert_like_plain(notebook, module, strategy: str, plain) -> None:
+    """The state oracle against the plain run, then the example's MEASURE: under `local` plain's, elsewhere its
+    measured bound."""
+    state = state_oracle.capture(notebook, notebook.folder / f"state-{strategy}.pkl")
+    state_oracle.assert_state_matches(plain.state, state, strategy, WORKERS[strategy], getattr(module, "IGNORE", ()))
+    measure = module.MEASURE
+    value = float(notebook.value(measure.expression))
+    if strategy == "local":
+        assert abs(value - plain.measure) <= LOCAL_MEASURE_TOLERANCE, (
+            f"{measure.name} {value:.4f} under local, {plain.measure:.4f} plain (seed {SEED}): local is plain Keras")
+        return
+    if measure.higher is None:
+        return
+    bound = module.BOUNDS.get(strategy)
+    assert bound is not None, f"{module.__name__} measured no bound of its {measure.name} under {strategy}"
+    reached = value >= bound.value if measure.higher else value <= bound.value
+    assert reached, (f"{measure.name} {value:.4f} under {strategy}, against its bound {bound.value:.4f} "
+                     f"({bound.measured}); plain {plain.measure:.4f}")
 
 
 def assert_refused(notebook, reply, outcome: Refused, before: int) -> None:

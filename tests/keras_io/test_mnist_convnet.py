@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.keras_io.harness import STRATEGIES, history, run_example, trains_everywhere
+from tests.keras_io.harness import STRATEGIES, Bound, Measure, history, run_example, trains_everywhere
 
 SOURCE = "keras-team/keras-io examples/vision/mnist_convnet.py"
 LICENCE = "Apache-2.0"
@@ -82,17 +82,17 @@ print("Test accuracy:", score[1])
 
 OUTCOMES = trains_everywhere()
 MODEL = "model"
+MEASURE = Measure("test accuracy", "float(score[1])")
+BOUNDS = {}
 
 
 def check(notebook, strategy):
     """The example: "a simple convnet that achieves ~99% test accuracy" (MNIST, 15 epochs). At 4,096 Fashion-MNIST
-    images and 3 epochs: well above chance (10%) on the test images, and the loss fell."""
-    accuracy = notebook.value("float(score[1])")
+    images and 3 epochs: the loss fell (the test accuracy: MEASURE)."""
     loss = history(notebook, "loss")
     assert len(loss) == 3 and loss[-1] < loss[0], loss
-    assert accuracy > (0.3 if strategy == "nfdt" else 0.5), f"test accuracy {accuracy:.3f} under {strategy}"
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_example(notebook, cluster, strategy):
-    run_example(notebook, sys.modules[__name__], strategy, cluster)
+def test_example(notebook, plain_notebook, cluster, strategy):
+    run_example(notebook, sys.modules[__name__], strategy, cluster, plain_notebook)
