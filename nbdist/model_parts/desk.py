@@ -32,6 +32,7 @@ class PartsDesk(ServedSocket):
         super().__init__()
         self.key, self.models = key, models or {}
         self.trained: dict[tuple[int, int], tuple[list, list, dict]] = {}
+        self.trained_state: dict[tuple[int, int], dict[str, np.ndarray]] = {}  # other variables' parts, by address
 
     def start(self, bind: str) -> str:
         import zmq
@@ -79,6 +80,9 @@ class PartsDesk(ServedSocket):
         weights = [arrays[f"w{i}"] for i in range(int(header["weights"]))]
         optimizer = [arrays[f"o{i}"] for i in range(int(header["optimizer"]))]
         self.trained[(int(header["rank"]), int(header["fit"]))] = (weights, optimizer, header)
+        addresses = header.get("state") or []
+        self.trained_state[(int(header["rank"]), int(header["fit"]))] = {
+            address: arrays[f"s{i}"] for i, address in enumerate(addresses)}
 
 class DeskClient:
     """Engine side: asks the kernel's desk, each answer awaited at most `timeout_s` (then fails naming `who`)."""
@@ -121,13 +125,15 @@ class DeskClient:
         return ([reply.arrays[f"w{i}"] for i in range(len(weights))],
                 [reply.arrays[f"o{i}"] for i in range(count)] if count else None)
 
-    def send_part(self, fit: int, weights: list, optimizer: list, **fields) -> None:
-        """Send this engine's trained variables and optimizer variables of its `fit`-th fit to the kernel, without
-        copying them; returns once the kernel has them."""
+    def send_part(self, fit: int, weights: list, optimizer: list, state: dict | None = None, **fields) -> None:
+        """Send this engine's trained variables and optimizer variables of its `fit`-th fit to the kernel, and
+        `state` ({address: array}: other variables' parts, the state walk's addresses), without copying them;
+        returns once the kernel has them."""
         arrays = {f"w{i}": w for i, w in enumerate(weights)}
         arrays.update({f"o{i}": o for i, o in enumerate(optimizer)})
+        arrays.update({f"s{i}": s for i, s in enumerate((state or {}).values())})
         self.ask(wire.encode(self.key, "trained", arrays, rank=self.rank, fit=fit, weights=len(weights),
-                             optimizer=len(optimizer), **fields),
+                             optimizer=len(optimizer), state=list(state or {}), **fields),
                  "the notebook did not take this engine's trained part")
 
 

@@ -273,8 +273,9 @@ def skeleton(model) -> dict:
     return keras.saving.serialize_keras_object(model)
 
 
-def receive_skeleton(name: str, config: dict, functions: bytes | None = None) -> None:
-    """Engine side: the model `name` built from its `skeleton`, its layer weights empty (`keras_semantics.empty_weights`)."""
+def receive_skeleton(name: str, config: dict, functions: bytes | None = None, seeds: dict | None = None) -> None:
+    """Engine side: the model `name` built from its `skeleton`, its layer weights empty
+    (`keras_semantics.empty_weights`); `seeds`: its seed generators' states (`seed_states`: building draws new ones)."""
     import keras
 
     from ..keras_semantics.empty_weights import weights_without_values
@@ -286,6 +287,7 @@ def receive_skeleton(name: str, config: dict, functions: bytes | None = None) ->
         namespace[name] = keras.saving.deserialize_keras_object(config)
         if compiled:
             compile_as(namespace[name], compiled)
+    install_seeds(namespace[name], seeds or {})
     namespace.setdefault(NAMES_VAR, set()).add(name)
 
 

@@ -25,8 +25,8 @@ from ..model_parts.desk import (DeskClient, PartsDesk, cut, load_slots, notebook
                                 refuse_second_fit, release, slots_per_variable, taken)
 from ..ps import wire
 from ..model_parts.sharded_checkpoint import refuse_unservable_savers, with_checkpoints, write_gathered
-from ..model_parts.tensor_parallel.model import (as_written, draw_alike, engine_bytes, split_in_place, trainable_axes,
-                                                 weight_axes, whole)
+from ..model_parts.tensor_parallel.model import (as_written, draw_alike, engine_bytes, split_in_place, state_parts,
+                                                 trainable_axes, weight_axes, whole, whole_state)
 from ..model_parts.tensor_parallel.plan import plan_splits
 from . import horovod_ops as ops
 from .base import Option, Reports
@@ -43,9 +43,11 @@ class TensorWorker(HfdtWorker):
     `nbdist.keras_semantics.empty_weights`); the cell's `fit` on it; the trained slices handed back to the kernel."""
 
     fits = 0
+    handed_state: tuple = (None, {})  # (rank 0's capture of what else the model reaches, how the kernel joins it)
 
     def fit(self, request):
         model = request.model
+        self.handed_state = (None, {})
         refuse_second_fit(model, "tensor")
         refuse_unservable_savers(request.callbacks, "tensor")
         hvd, undo = self._init_horovod(), None
@@ -62,7 +64,8 @@ class TensorWorker(HfdtWorker):
             release(model)  # (this engine's copy: the slices above are all it trains with)
             undo = split_in_place(model, plan, hvd.rank(), hvd.size(), values)
             del values
-            load_slots(model.optimizer, model.trainable_variables, slots)
+            if slots is not None:  # (a fresh optimizer is built by the fit that applies it, as Keras builds it)
+                load_slots(model.optimizer, model.trainable_variables, slots)
             model.save_weights = model.save = checkpoint_writer(hvd, model, axes)
             seed = self.spec.get("seed")
             if seed is None:  # every engine must draw the same batches (and Dropout masks)
@@ -70,7 +73,8 @@ class TensorWorker(HfdtWorker):
 
                 seed = hvd.broadcast_object(random.randrange(2 ** 31), root_rank=0, name="nbdist_tp_seed")
                 keras.utils.set_random_seed(seed)
-            draw_alike(model, int(seed), hvd.rank())
+            draw_alike(model, hvd.rank(), lambda states: hvd.broadcast_object(states, root_rank=0,
+                                                                              name="nbdist_tp_generators"))
             callbacks = [*with_checkpoints(request.callbacks, self.user_callbacks(request)),
                          self.make_reporter(request.samples_per_step or 32)]
             history = request.original_fit(model, **{**request.args, "callbacks": callbacks, "verbose": 0})
@@ -90,8 +94,9 @@ class TensorWorker(HfdtWorker):
     @staticmethod
     def _own_values(hvd, desk, model, axes) -> tuple[list, list | None, bool]:
         """This engine's slice of each of the model's weights and of its optimizer's slots: the notebook's, fetched
-        from the kernel; for a model the notebook does not hold (the cell made it), rank 0's values, sliced here,
-        and a fresh optimizer."""
+        from the kernel. A model the cell made (a GAN over the notebook's discriminator and generator) takes the
+        weights of the notebook's models inside it the same way, each by its notebook name; what no notebook model
+        holds is rank 0's (its initialiser's values), broadcast and sliced here, and its optimizer is fresh."""
         from ..model_parts.model_sync import architecture
 
         slot_axes = trainable_axes(model, axes)
@@ -102,17 +107,33 @@ class TensorWorker(HfdtWorker):
                                           size=hvd.size()) if name else (None, None))
         if weights is not None:
             return weights, slots, True
-        for variable in model.weights:
+        axis_of = dict(zip(map(id, model.weights), axes))
+        values: dict[int, np.ndarray] = {}
+        for inner, inner_name in _notebook_models_in(model):
+            inner_weights = [w for w in inner.weights if id(w) not in values]
+            if not inner_weights or len(inner_weights) < len(inner.weights):
+                continue  # (reached already, inside another of the notebook's models)
+            fetched, _ = desk.fetch_part(inner_name, architecture(inner), list(range(len(inner.weights))), [], 0,
+                                         axes=[axis_of.get(id(w)) for w in inner.weights], slot_axes=[],
+                                         size=hvd.size())
+            if fetched is not None:
+                values.update(zip(map(id, inner.weights), fetched))
+        rest = [w for w in model.weights if id(w) not in values]
+        for variable in rest:
             fill(variable)  # (made empty by a define cell: its initialiser's values, rank 0's broadcast below)
-        ops.broadcast_from_rank0(hvd, list(model.weights))
-        return [cut(np.asarray(w), axis, hvd.rank(), hvd.size()) for w, axis in zip(model.get_weights(), axes)], None, False
+        ops.broadcast_from_rank0(hvd, rest)
+        values.update({id(w): cut(np.asarray(w), axis_of[id(w)], hvd.rank(), hvd.size()) for w in rest})
+        return [values[id(w)] for w in model.weights], None, len(rest) < len(model.weights)
 
     def _hand_in(self, desk, rank: int, model, axes) -> None:
         """The trained slices to the kernel, each variable's memory freed as it goes; a replicated variable is
-        rank 0's alone."""
+        rank 0's alone. Besides the weights and `model.optimizer`, every other split variable the model reaches (the
+        slots of the optimizers a `train_step` of its own applies) goes the same way, and rank 0 keeps the rest of
+        what the model reaches for its result (`state_parts`; the kernel joins them: `whole_state`)."""
         def mine(variable, axis):
             return taken(variable) if axis is not None or rank == 0 else np.empty(0, np.float32)
 
+        state, addresses, others, split = state_parts(model, axes, rank)
         slot_axes = trainable_axes(model, axes)
         optimizer = model.optimizer.variables
         prefix = optimizer_prefix(model.optimizer)
@@ -120,15 +141,30 @@ class TensorWorker(HfdtWorker):
         slots = [mine(v, slot_axes[k // per]) for k, v in enumerate(optimizer[prefix:])]
         self.fits += 1
         desk.send_part(self.fits, [mine(v, axis) for v, axis in zip(model.weights, axes)],
-                       [np.asarray(v.numpy()) for v in optimizer[:prefix]] + slots, axes=axes, slot_axes=slot_axes,
-                       prefix=prefix)
+                       [np.asarray(v.numpy()) for v in optimizer[:prefix]] + slots, others, axes=axes,
+                       slot_axes=slot_axes, prefix=prefix)
         self.fit_timings["tensor"]["fit"] = self.fits
+        whole_model = addresses is not None and None not in addresses["weights"] + addresses["optimizer"]
+        self.handed_state = (state, {"addresses": addresses, "split": split}) if whole_model else (None, {})
 
     def result(self, request, history, records, timings, states):
         """History, records and callbacks; the weights went to the kernel (`_hand_in`), which joins them."""
         result = FitResult.collect(None, history, records, timings, states, self.files_written)
-        result.parts = {"fit": timings["tensor"]["fit"]}
+        result.state, joining = self.handed_state
+        result.parts = {"fit": timings["tensor"]["fit"], **joining}
         return result
+
+
+def _notebook_models_in(model) -> list[tuple[object, str]]:
+    """(model, its notebook name) of the notebook's models nested in `model`, outermost first (the engine's
+    namespace holds them under the notebook's names, `model_sync`)."""
+    import keras
+
+    from ..host.namespace import user_namespace
+
+    names = {id(v): k for k, v in user_namespace().items() if isinstance(v, keras.Model) and not k.startswith("_")}
+    return [(layer, names[id(layer)]) for layer in model._flatten_layers(include_self=False, recursive=True)
+            if id(layer) in names]
 
 
 def checkpoint_writer(hvd, model, axes):
@@ -199,12 +235,23 @@ class TensorStrategy(HfdtStrategy):
             run.note(run.plan["text"])
 
     def _join_parts(self, run) -> None:
-        """Rank 0's results take the whole model each fit left, joined from every engine's trained slices."""
+        """Rank 0's results take the whole model each fit left, joined from every engine's trained slices: its
+        weights and `model.optimizer`'s variables, and the state of everything else it reaches (`result.state`, by
+        the state walk's addresses: the other optimizers a `train_step` of its own applies, with their slots
+        joined)."""
         size = len(run.workers)
         for result in run.results.get(run.workers[0]) or []:
-            parts = [self.desk.trained.get((rank, result.parts.get("fit"))) for rank in range(size)]
-            if all(parts):
-                result.weights, result.optimizer_weights = whole(parts)
+            fit = result.parts.get("fit")
+            parts = [self.desk.trained.get((rank, fit)) for rank in range(size)]
+            if not all(parts):
+                result.state = None  # (the weights stay unjoined: the notebook says so)
+                continue
+            result.weights, result.optimizer_weights = whole(parts)
+            if result.state is not None:
+                result.state = whole_state(result.state, result.parts["addresses"], result.weights,
+                                           result.optimizer_weights,
+                                           [self.desk.trained_state.get((rank, fit)) or {} for rank in range(size)],
+                                           result.parts["split"])
 
 
 def _last_fits(run) -> list:

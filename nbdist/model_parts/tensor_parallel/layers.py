@@ -10,6 +10,10 @@ slice of the gradient, for everything after the gather is computed alike on ever
 row-split Dense multiplies its slice of the input by its rows of the kernel; `reduce_sum` adds
 the partial products (forward: allreduce; backward: identity). `from_replicated` marks the input
 of a split layer (forward: identity; backward: the sum of every engine's partial input gradient).
+Each collective's gradient is its dual, itself differentiable the same way (gather <-> `own_slice`, `reduce_sum` <->
+`from_replicated`), so a gradient of a gradient (a WGAN-GP's gradient penalty, differentiated again) is one
+model's: Horovod's own gradients of its ops are data parallelism's (an allreduce's is an allreduce: N times the
+gradient here; `tf.split`'s leaves out the other engines' slices) and are never used.
 Each collective has a fixed name (`tag`), outside TensorFlow's name scope: Horovod matches tensors across
 engines by name, and the scope (``sequential_3/...``) counts the models an engine built before. A layer called more
 than once in a step (a GAN's generator, in its discriminator's step and its own) names each call's collectives
@@ -36,7 +40,7 @@ def call_tag(layer) -> str:
 
 def gather_last(x, tag: str, axis: int = -1):
     """The engines' slices of `x` along `axis` (negative: from the end), concatenated in rank order (on every
-    engine)."""
+    engine). Its gradient is `own_slice` of the whole's gradient (the same on every engine): its dual."""
     import tensorflow as tf
 
     @tf.custom_gradient
@@ -49,33 +53,44 @@ def gather_last(x, tag: str, axis: int = -1):
             shape = list(x.shape)
             shape[axis] *= hvd.size()
             whole = tf.ensure_shape(whole, shape)
+        return whole, lambda dy: own_slice(dy, f"{tag}_gather_d", axis)
 
-        def grad(dy):
-            return tf.split(dy, hvd.size(), axis=axis)[hvd.rank()]
+    return run(x)
 
-        return whole, grad
+
+def own_slice(x, tag: str, axis: int = -1):
+    """This engine's slice of `x` (the same on every engine) along `axis`; its gradient is every engine's slice's
+    gradient gathered (`gather_last`: its dual), for each engine's slice holds a part of the whole's gradient."""
+    import tensorflow as tf
+
+    @tf.custom_gradient
+    def run(x):
+        hvd = _hvd()
+        return tf.split(x, hvd.size(), axis=axis)[hvd.rank()], lambda dy: gather_last(dy, f"{tag}_slice_d", axis)
 
     return run(x)
 
 
 def reduce_sum(x, tag: str):
-    """The sum of every engine's `x`."""
+    """The sum of every engine's `x`. Its gradient is the sum's gradient as it is (`from_replicated`: its dual)."""
     import tensorflow as tf
 
     @tf.custom_gradient
     def run(x):
-        return _hvd().allreduce(x, op=_hvd().Sum, name=f"{tag}_sum", ignore_name_scope=True), lambda dy: dy
+        summed = _hvd().allreduce(x, op=_hvd().Sum, name=f"{tag}_sum", ignore_name_scope=True)
+        return summed, lambda dy: from_replicated(dy, f"{tag}_sum_d")
 
     return run(x)
 
 
 def from_replicated(x, tag: str):
-    """`x` as it is; its gradient summed over the engines (each holds the part its slice contributes)."""
+    """`x` as it is; its gradient summed over the engines (each holds the part its slice contributes): `reduce_sum`,
+    its dual."""
     import tensorflow as tf
 
     @tf.custom_gradient
     def run(x):
-        return tf.identity(x), lambda dy: _hvd().allreduce(dy, op=_hvd().Sum, name=f"{tag}_dx", ignore_name_scope=True)
+        return tf.identity(x), lambda dy: reduce_sum(dy, f"{tag}_dx")
 
     return run(x)
 

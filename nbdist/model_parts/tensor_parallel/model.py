@@ -5,7 +5,9 @@ the kernel.
 nested) into this engine's share: each split layer, where it sits, computes on this engine's slices of its
 variables (`layers.split_class`), given their values (fetched from the kernel, see `nbdist.model_parts.desk`, so the
 model here may have had no values); its compile, with the cell's own functions, is the cell's. `whole` joins
-every engine's slices of the weights and of the optimizer's slots, in the kernel, into what a local `fit` leaves.
+every engine's slices of the weights and of the optimizer's slots, in the kernel, into what a local `fit` leaves;
+`state_parts` (on the engines) and `whole_state` (in the kernel) do the same for everything else the model reaches
+(the optimizers of a `train_step` of its own, a GAN's two), by the state walk's addresses.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 
 from ...keras_semantics import optimizer_state
 from ...keras_semantics.empty_weights import fill, finalize_states
-from ..desk import join
+from ..desk import join, taken
 from .plan import einsum_split, leaf_layers, split_axes
 
 
@@ -125,19 +127,23 @@ def as_written(model):
             object.__setattr__(layer, "__class__", cls)
 
 
-def draw_alike(model, seed: int, rank: int) -> None:
-    """Restart every random-number generator of this engine's model from `seed` (the same on every engine) and its
-    place in the model: a replicated layer (a Dropout on gathered activations, an augmentation layer) then draws
-    on every engine what one model would draw once, so the engines compute the same values; a split layer's
+def draw_alike(model, rank: int, broadcast) -> None:
+    """Every random-number generator of this engine's model (Keras' `SeedGenerator`s: a Dropout's, an augmentation
+    layer's) takes rank 0's state (`broadcast`: rank 0's list of arrays, on every engine): a replicated layer (a
+    Dropout on gathered activations) then draws on every engine what one model would draw once, so the engines
+    compute the same values, and what the one model of `--strategy local` on rank 0's engine would draw (before,
+    each engine restarted its generators from the seed and their place, which no one model draws). A split layer's
     generators are offset by the rank (its slice's randomness is its own, as Megatron-LM's model-parallel RNG)."""
     split = {id(inner) for layer in model._flatten_layers(include_self=False, recursive=True)
              if hasattr(layer, "_nbdist_split") for inner in layer._flatten_layers(include_self=True, recursive=True)}
-    k = 0
-    for layer in model._flatten_layers(include_self=True, recursive=True):
-        for generator in layer._seed_generators:
-            value = (seed * 1000003 + k * 7919 + (rank * 104729 if id(layer) in split else 0)) % 2 ** 31
-            generator.state.assign(np.array([value, 0]).astype(generator.state.dtype))
-            k += 1
+    generators = [(layer, generator) for layer in model._flatten_layers(include_self=True, recursive=True)
+                  for generator in layer._seed_generators]
+    states = broadcast([np.asarray(generator.state.numpy()) for _, generator in generators])
+    for (layer, generator), state in zip(generators, states):
+        state = np.array(state)
+        if id(layer) in split:
+            state[0] = (int(state[0]) + rank * 104729) % 2 ** 31
+        generator.state.assign(state.astype(generator.state.dtype))
 
 
 def weight_axes(plan: list[dict], model) -> list[int | None]:
@@ -165,6 +171,80 @@ def whole(parts: list[tuple[list, list, dict]]) -> tuple[list, list]:
     per = (len(first) - prefix) // len(slot_axes) if slot_axes else 0
     slots = [join([p[1][k] for p in parts], slot_axes[(k - prefix) // per]) for k in range(prefix, len(first))]
     return weights, list(first[:prefix]) + slots
+
+
+def state_parts(model, axes: list[int | None], rank: int) -> tuple:
+    """Engine side, after the fit: what the fit's model reaches besides its weights and `model.optimizer` (the state
+    walk, `keras_semantics.state_walk`: the other optimizers a `train_step` of its own applies, a GAN's
+    `d_optimizer` and `g_optimizer`, their iterations and slots; metrics; seed generators), for the notebook:
+    (rank 0's capture of it without the variables every engine hands in (None on the other ranks), the addresses
+    of `model.weights` and of `model.optimizer.variables` (rank 0's), {address: this engine's slice} of the other
+    split variables (each slot of a split variable, whatever optimizer holds it), {address: its axis}). A slot
+    of another shape than its split variable (a factored one) cannot be joined: the capture says it stayed."""
+    from ...keras_semantics.state_walk import Walk, capture
+
+    with as_written(model):  # (the layers' own classes, as the notebook holds them)
+        walk = Walk({"model": model})
+        axis_of = _split_variables(walk, model, axes)
+        handed = {id(v) for v in [*model.weights, *model.optimizer.variables]}
+        split = {address: axis_of[id(v)] for address, v in walk.variables.items()
+                 if id(v) in axis_of and id(v) not in handed}
+        unjoinable = _unjoinable(walk, axis_of)
+        skip = handed | unjoinable | {id(walk.variables[a]) for a in split}
+        parts = {address: taken(walk.variables[address]) for address in split}  # (each freed as it goes)
+        if rank != 0:
+            return None, None, parts, split
+        state = capture(walk.roots, walk=walk, skip=skip)
+        state.left.update({address: "a slot of another shape than its split variable (each engine holds its own): "
+                                    "it stayed on the engines"
+                           for address, variable in walk.variables.items() if id(variable) in unjoinable})
+        addresses = {"weights": [walk.address_of(v) for v in model.weights],
+                     "optimizer": [walk.address_of(v) for v in model.optimizer.variables]}
+        return state, addresses, parts, split
+
+
+def _optimizer_slots(walk) -> list[tuple[object, object]]:
+    """(slot, the variable it follows) of every built optimizer the walk reached (Keras keeps each slot list, Adam's
+    `_momentums` and the like, as long as the variables it was built over, in their order)."""
+    import keras
+
+    pairs = []
+    for address, kind in walk.kinds.items():
+        optimizer = walk.objects[address] if kind == "optimizer" else None
+        over = list(getattr(optimizer, "_trainable_variables", None) or [])
+        for name, value in (vars(optimizer).items() if over else ()):
+            if name in ("_trainable_variables", "_variables") or not isinstance(value, (list, tuple)):
+                continue
+            if len(value) == len(over) and all(v is None or isinstance(v, keras.Variable) for v in value):
+                pairs += [(slot, variable) for slot, variable in zip(value, over) if slot is not None]
+    return pairs
+
+
+def _split_variables(walk, model, axes: list[int | None]) -> dict[int, int]:
+    """{id: split axis} of the split variables the walk reached: the model's split weights and every optimizer's
+    slots of them (of the same shape)."""
+    axis_of = {id(w): axis for w, axis in zip(model.weights, axes) if axis is not None}
+    for slot, variable in _optimizer_slots(walk):
+        if id(variable) in axis_of and tuple(slot.shape) == tuple(variable.shape):
+            axis_of[id(slot)] = axis_of[id(variable)]
+    return axis_of
+
+
+def _unjoinable(walk, axis_of: dict[int, int]) -> set[int]:
+    return {id(slot) for slot, variable in _optimizer_slots(walk)
+            if id(variable) in axis_of and id(slot) not in axis_of}
+
+
+def whole_state(state, addresses: dict, weights: list, optimizer: list, parts: list[dict], split: dict):
+    """Kernel side: rank 0's capture (`state_parts`) with every variable it left out: the joined weights and
+    `model.optimizer` variables (`whole`), and every other split variable joined from each rank's `parts`."""
+    import dataclasses
+
+    values = dict(state.values)
+    values.update(zip(addresses["weights"], weights))
+    values.update(zip(addresses["optimizer"], optimizer))
+    values.update({address: join([part[address] for part in parts], axis) for address, axis in split.items()})
+    return dataclasses.replace(state, values=values)
 
 
 def engine_bytes(model) -> dict:
