@@ -57,5 +57,10 @@ class CollectiveStalled(EngineFailure):
     """A synchronous step waited past --stall-timeout for ranks that never submitted their tensors."""
 
 
+class RunStalled(NbdistError):
+    """Every live worker of a parameter-server run went without progress past --stall-timeout; names what each
+    waited for."""
+
+
 class ParameterServerFailed(NbdistError):
     """A parameter-server shard died or stopped answering; the last checkpoint's weights are kept."""

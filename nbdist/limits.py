@@ -4,8 +4,8 @@ or late. docs/time-limits.md lists them with what each one decides.
 Every limit is multiplied by `NBDIST_TIME_SCALE` (default 1), read once when nbdist is imported, so a slow
 or loaded machine (a shared CI host, a cluster under heavy I/O) can give every wait longer with one
 variable: `NBDIST_TIME_SCALE=3 make test`. Engines, shards and kernels started from a process inherit it.
-Polling intervals are not limits and are not scaled. A limit the user sets by option (`--stall-timeout`) is
-the user's and is not scaled either.
+Polling intervals are not limits and are not scaled. A limit the user sets by option (`--stall-timeout`, whose
+default is a limit here) is the user's and is not scaled either.
 
 Imports nothing of nbdist's: every layer may read it.
 """
@@ -59,8 +59,10 @@ class Limits:
     ps_restart_wait_s: float = 30.0  # ... when the kernel may restart a silent shard
     shard_worker_silence_s: float = 15.0  # a shard drops a worker it has not heard from this long
     start_barrier_s: float = 120.0  # the start barrier waits for a worker's first push
+    ps_silence_s: float = 120.0  # every live worker of a PS run silent (no step, push or reply): the run fails
     # Horovod (hfdt, tensor, ASHL's sync phase)
     gloo_peer_s: float = 5.0  # a survivor waits on a dead peer before its collective fails (Gloo's default: 30)
+    collective_stall_s: float = 30.0  # a synchronous step waits for ranks that never reached it (--stall-timeout)
     job_start_s: float = 120.0  # every rank reaches a Horovod job's start (a peer may still be ending the last fit)
     reform_s: float = 60.0  # survivors wait for the kernel's new Horovod job
     join_s: float = 1800.0  # a newcomer waits for the ranks to reach an epoch's end

@@ -84,10 +84,10 @@ def dealing_shard(workers=2, **config) -> Shard:
     return shard
 
 
-def ask(shard, worker, epoch=0, size=4, n=10, depth=1):
-    """The fields of the answers this batch request releases, by worker."""
+def ask(shard, worker, epoch=0, size=4, n=10, depth=1, **fields):
+    """The fields of the answers this batch request releases, by worker (`taken`: the batches it reports)."""
     replies = shard.handle(f"w{worker}".encode(), message("batch", worker=worker, epoch=epoch, size=size, n=n,
-                                                          depth=depth))
+                                                          depth=depth, **fields))
     return {int(ident[1:]): fields for ident, kind, _, fields in replies if kind == "ok"}
 
 
@@ -101,12 +101,12 @@ def test_an_epoch_opens_when_every_worker_asked_and_each_answer_deals_the_next_b
     shard = dealing_shard()
     assert ask(shard, 1) == {}  # waits for worker 0
     assert ask(shard, 0) == {0: {"batches": [[0, 0, 4]]}, 1: {"batches": [[0, 4, 4]]}}  # rank order, every run
-    assert push(shard, 0)[0]["batches"] == [[0, 8, 2]]  # the push's answer brings its next batch
-    assert "batches" not in push(shard, 0)[0]  # nothing left to deal; worker 1 still holds [4, 8)
-    assert ask(shard, 0) == {}  # so worker 0 waits: for a batch that comes back, or the epoch's end
-    released = push(shard, 1)  # the epoch's last batch applied: worker 0 hears that the epoch is spent
+    assert push(shard, 0, taken=[0, 1])[0]["batches"] == [[0, 8, 2]]  # the push's answer brings its next batch
+    assert "batches" not in push(shard, 0, taken=[0, 2])[0]  # nothing left to deal; worker 1 still holds [4, 8)
+    assert ask(shard, 0, taken=[0, 2]) == {}  # so worker 0 waits: for a batch that comes back, or the epoch's end
+    released = push(shard, 1, taken=[0, 1])  # the epoch's last batch applied: worker 0 hears the epoch is spent
     assert released[1].get("batches") is None and released[0] == {"batches": [], "spent": True}
-    assert ask(shard, 1) == {1: {"batches": [], "spent": True}}
+    assert ask(shard, 1, taken=[0, 1]) == {1: {"batches": [], "spent": True}}
     assert shard.summary()["data"]["dealt"] == {"0": {"0": [2, 6], "1": [1, 4]}}
 
 
@@ -115,21 +115,77 @@ def test_a_push_of_local_steps_trains_the_batches_it_carried_and_a_new_allocatio
     ask(shard, 1, size=2, n=20, depth=2)
     assert ask(shard, 0, size=3, n=20, depth=2) == {0: {"batches": [[0, 0, 3], [0, 3, 3]]},
                                                     1: {"batches": [[0, 6, 2], [0, 8, 2]]}}  # a commit's worth each
-    assert push(shard, 0, steps=2)[0]["batches"] == [[0, 10, 3], [0, 13, 3]]  # both trained: two more
+    assert push(shard, 0, taken=[0, 2])[0]["batches"] == [[0, 10, 3], [0, 13, 3]]  # both trained: two more
     assert list(shard.log)[-1][-1] == [0, 0, 3, 3, 3]  # the push log names both batches it trained
     shard.dealer.resize({0: (1, 1), 1: (4, 2)})  # ASHL re-allocated: worker 0 one batch of 1 at a time
-    assert push(shard, 0, steps=2)[0]["batches"] == [[0, 16, 1]]
-    assert push(shard, 1, steps=2)[1]["batches"] == [[0, 17, 3]]  # 4 asked, 3 left
+    assert push(shard, 0, taken=[0, 4])[0]["batches"] == [[0, 16, 1]]
+    assert push(shard, 1, taken=[0, 2])[1]["batches"] == [[0, 17, 3]]  # 4 asked, 3 left
     assert shard.summary()["data"]["dealt"] == {"0": {"0": [5, 13], "1": [3, 7]}}
+
+
+def test_a_batch_counts_trained_once_however_often_the_models_optimizer_steps_in_it_even_never():
+    """Pushes and batch requests say how many batches of the epoch the worker took; a batch is trained once,
+    whether the model's optimizer stepped once in it, twice, or not at all (a GAN's train_step steps optimizers with
+    tables of their own: its worker's request for more reports what it trained)."""
+    shard = dealing_shard()
+    ask(shard, 1, n=20)
+    ask(shard, 0, n=20)  # worker 0 holds [0, 4), worker 1 [4, 8)
+    assert push(shard, 0, taken=[0, 1])[0]["batches"] == [[0, 8, 4]]
+    assert "batches" not in push(shard, 0, taken=[0, 1])[0]  # the same batch's second step: no batch trained
+    assert [entry[-1] for entry in shard.log][-2:] == [[0, 0, 4], None]
+    assert ask(shard, 1, n=20, taken=[0, 1]) == {1: {"batches": [[0, 12, 4]]}}  # its steps never pushed here
+    assert ask(shard, 1, n=20, taken=[0, 1]) == {1: {"batches": []}}  # said again: [12, 16) is its, untrained
+    assert ask(shard, 1, n=20, taken=[0, 2]) == {1: {"batches": [[0, 16, 4]]}}
+    assert shard.summary()["data"]["dealt"] == {"0": {"0": [2, 8], "1": [3, 12]}}
+
+
+def test_a_report_of_the_batches_taken_that_is_not_an_epoch_and_a_count_is_refused():
+    shard = dealing_shard()
+    ask(shard, 1)
+    ask(shard, 0)
+    for taken in ([0], [0, -1], "0,1", [0, True]):
+        with pytest.raises(wire.Rejected, match="taken names an epoch"):
+            push(shard, 0, taken=taken)
+        with pytest.raises(wire.Rejected, match="taken names an epoch"):
+            ask(shard, 0, taken=taken)
+
+
+def test_no_table_waits_for_a_worker_that_waits_for_a_batch_or_at_an_epochs_end_on_table_0():
+    """A synchronous round of the discriminator's table (1) does not wait for a worker that pushes nothing more until
+    table 0 answers it: the message to table 0 that puts it there completes the round on table 1."""
+    from nbdist.ps.tables import ShardTables
+
+    tables = ShardTables({"workers": 2, "data": {"mode": "dynamic", "seed": 5}, "synchronous": True})
+    for table in (0, 1):
+        tables.handle(b"w0", message("init", W0, worker=0, optimizer=SGD, trainable=list(W0), layout=list(W0),
+                                     table=table))
+
+    def handle(worker, kind, arrays=None, **fields):
+        replies = tables.handle(f"w{worker}".encode(), message(kind, arrays, worker=worker, **fields))
+        return {(int(ident[1:]), kind) for ident, kind, _, _ in replies}
+
+    handle(1, "batch", epoch=0, size=4, n=10, depth=1)
+    handle(0, "batch", epoch=0, size=4, n=10, depth=1)  # worker 0 holds [0, 4), worker 1 [4, 8)
+    assert handle(0, "push", grads(0.0), version=0, step=1, table=1) == set()  # the round waits for worker 1
+    # worker 1 trained its batch with its own steps and asks for more: [8, 10) is dealt to it ...
+    assert handle(1, "batch", epoch=0, size=4, n=10, depth=1, taken=[0, 1]) == {(1, "ok")}
+    assert handle(1, "push", grads(0.0), version=0, step=1, table=1) == {(0, "weights"), (1, "weights")}
+    assert handle(0, "push", grads(0.0), version=1, step=2, table=1) == set()
+    # ... and having trained it, waits for a batch with none left: the round goes on without it
+    assert handle(1, "batch", epoch=0, size=4, n=10, depth=1, taken=[0, 2]) == {(0, "weights")}
+    assert tables.tables[1].version == 2
+    handle(0, "batch", epoch=0, size=4, n=10, depth=1, taken=[0, 1])  # the epoch is spent: both hear it
+    handle(1, "epoch", epoch=0, logs={"loss": 1.0})  # worker 1 waits at the epoch's end, worker 0 steps once more
+    assert handle(0, "push", grads(0.0), version=2, step=3, table=1) == {(0, "weights")}
 
 
 def test_a_dead_workers_batch_is_dealt_to_the_worker_waiting_for_one():
     shard = dealing_shard()
     ask(shard, 1)
     ask(shard, 0)
-    push(shard, 0)  # worker 0 trained [0, 4) and got [8, 10)
-    push(shard, 0)
-    assert ask(shard, 0) == {}
+    push(shard, 0, taken=[0, 1])  # worker 0 trained [0, 4) and got [8, 10)
+    push(shard, 0, taken=[0, 2])
+    assert ask(shard, 0, taken=[0, 2]) == {}
     replies = shard.handle(b"k", message("drop", worker="controller", worker_id=1))
     answered = {ident: fields for ident, kind, _, fields in replies if ident == b"w0"}
     assert answered == {b"w0": {"batches": [[0, 4, 4]]}}  # worker 1's [4, 8), trained again by worker 0
@@ -140,9 +196,9 @@ def test_a_waiting_worker_holds_back_no_round_and_no_staleness_bound():
     shard = dealing_shard(max_staleness=0)
     ask(shard, 1, size=2)
     ask(shard, 0, size=8)  # worker 0 holds [0, 8), worker 1 [8, 10)
-    push(shard, 1)  # lock-step: worker 1's answer waits for worker 0's push ...
-    assert ask(shard, 1, size=2) == {}  # ... and worker 1, with nothing left, waits for a batch
-    released = push(shard, 0)  # so worker 0's push is not held for a worker that pushes nothing more
+    push(shard, 1, taken=[0, 1])  # lock-step: worker 1's answer waits for worker 0's push ...
+    assert ask(shard, 1, size=2, taken=[0, 1]) == {}  # ... and worker 1, with nothing left, waits for a batch
+    released = push(shard, 0, taken=[0, 1])  # so worker 0's push is not held for a worker that pushes nothing more
     assert set(released) == {0, 1} and shard.version == 2
 
 
@@ -172,6 +228,32 @@ def test_an_evicted_worker_waiting_for_a_batch_ends_its_epoch():
     batches.spent = False
     batches._take(answer)
     assert list(batches.positions(0)) == []
+
+
+def test_a_worker_holding_no_batch_asks_for_the_next_reporting_the_batches_it_took():
+    """Whatever its steps push (a GAN's push nothing to the model's optimizer's table), its pipeline's reader asks
+    for its next batch when it holds none, saying how many it took: the dealer counts them trained."""
+    from types import SimpleNamespace
+
+    from nbdist.datasets.batches import epoch_order
+    from nbdist.datasets.dynamic_data import DealtBatches
+
+    answers = [{"batches": [[0, 0, 4]]}, {"batches": [[0, 4, 4]]}, {"batches": [], "spent": True}]
+
+    class Client:  # shard 0, as the worker's requests see it
+        asked = []
+
+        def request(self, kind, only=None, **fields):
+            self.asked.append((kind, only, fields["taken"]))
+            return [SimpleNamespace(header=answers[len(self.asked) - 1])]
+
+    client = Client()
+    batches = DealtBatches(client, n=8, seed=5, size=4)
+    batches.open(0)
+    taken = [list(indices) for indices in batches.positions(0)]
+    assert client.asked == [("batch", 0, [0, 0]), ("batch", 0, [0, 1]), ("batch", 0, [0, 2])]
+    order = epoch_order(8, 5, 0)
+    assert taken == [list(order[:4]), list(order[4:])] and batches.report() == {"taken": [0, 2]}
 
 
 def test_keras_runs_every_epoch_until_its_batches_end_whatever_their_number():
@@ -266,9 +348,9 @@ def test_a_graceful_stop_tells_every_worker_waiting_for_a_batch_that_the_epoch_i
     shard = dealing_shard()
     ask(shard, 1)
     ask(shard, 0)  # worker 0 holds [0, 4), worker 1 [4, 8)
-    push(shard, 0)
-    push(shard, 0)  # worker 0 has nothing left; worker 1 still holds its batch
-    assert ask(shard, 0) == {}
+    push(shard, 0, taken=[0, 1])
+    push(shard, 0, taken=[0, 2])  # worker 0 has nothing left; worker 1 still holds its batch
+    assert ask(shard, 0, taken=[0, 2]) == {}
     replies = shard.handle(b"k", message("control", worker="controller", action="stop"))
     assert {ident: fields for ident, kind, _, fields in replies if ident == b"w0"} == {
         b"w0": {"batches": [], "spent": True, "stop": True}}

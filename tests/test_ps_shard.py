@@ -160,6 +160,30 @@ def ask(socket, frames, key=KEY):
     return wire.decode(key, socket.recv_multipart())
 
 
+def test_on_the_virtual_clock_a_push_waiting_at_one_optimizers_table_holds_back_no_other_table():
+    """A GAN's step pushes to the critic's table (1), then the generator's (2), in that order. Worker 0's generator
+    push waits at table 2 for worker 1, which has not pushed there yet; worker 1's next critic push must not wait at
+    table 1 for worker 0, whose next push there follows that generator push (earlier, it waited 120 s for a
+    latecomer)."""
+    from nbdist.ps.tables import ShardTables
+
+    tables = ShardTables({"workers": 2, "clock": "virtual"})
+    for table in (1, 2):
+        tables.handle(b"w0", message("init", W0, worker=0, optimizer=SGD, trainable=list(W0), layout=list(W0),
+                                     table=table))
+
+    def push(worker, table, vt):
+        replies = tables.handle(f"w{worker}".encode(), message("push", grads(0.0), worker=worker, version=0, step=1,
+                                                               vt=vt, gap=0.1, table=table))
+        return sorted((int(ident[1:]), fields["vt"]) for ident, kind, _, fields in replies if kind == "weights")
+
+    assert push(0, 1, 1.0) == []  # worker 1 may still push at 1.0
+    assert push(1, 1, 1.0) == [(0, 1.0), (1, 1.0)]
+    assert push(0, 2, 2.0) == []  # worker 1 has never pushed to table 2: it may come first
+    assert push(1, 1, 1.5) == [(1, 1.5)]  # worker 0's next push to table 1 follows its push at 2.0 to table 2
+    assert push(1, 2, 2.5) == [(0, 2.0)]  # worker 0's may come before 2.5 again: worker 1 waits for it
+
+
 def test_every_bad_message_is_rejected_counted_and_not_applied(shard_process):
     socket = shard_process
     assert ask(socket, wire.encode(KEY, "init", W0, worker=0, optimizer=SGD, trainable=list(W0))).kind == "ok"

@@ -4,7 +4,8 @@
 this worker is handed, read from the whole arrays the engine holds (one copy per host: `host_cache`):
 
 - `DealtBatches`: a parameter-server worker's, dealt by shard 0 (`ps.dealer`): the first of an epoch asked
-  for, the next ones in the answers to its pushes, more asked for when it has none, until the epoch is spent;
+  for, the next ones in the answers to its pushes of the model's optimizer, more asked for whenever it holds none
+  (whatever optimizers its steps step), until the epoch is spent;
 - `ScheduledBatches`: a synchronous rank's (`hfdt`), its slice of each step of `batches.SyncSchedule`.
 
 Each epoch may give a worker a different number of batches, which Keras' own loop does not expect of a
@@ -29,53 +30,58 @@ from .sharding import is_dataset, is_generator, is_py_dataset
 class DealtBatches:
     """The positions a parameter-server worker trains on, dealt by shard 0; see the module docstring.
 
-    Only the training thread talks to the shards: `open` (an epoch begins) asks for the epoch's first batches,
-    `answered` (each answer to a push) takes the next ones and, once the worker holds none and none came, asks
-    for more, waiting for one that comes back or the epoch's end. The pipeline's thread (which may read ahead)
-    only takes what arrived (`positions`)."""
-
-    WAIT_S = 0.5  # how often a reader waiting for a batch checks that its fit still runs
+    Shard 0 learns what this worker trained from how many batches of the epoch it has taken (`report`: in every push
+    of the model's optimizer, whose answer brings its next batches, and in every batch request). Its pipeline's
+    reader takes what arrived and, holding none, asks for more itself (`open` asks for an epoch's first), waiting
+    for one or the epoch's end: so whatever the cell's step does (it steps the model's optimizer once, several
+    times, or never: a GAN's train_step steps optimizers of its own) the next batch comes. Keras reads a batch as
+    its step begins, never ahead, so the reader and the step's pushes never use the shards' connection at once."""
 
     def __init__(self, client, n: int, seed: int, size: int, shuffle: bool = True, depth: int = 1):
         self.client, self.n, self.seed, self.size, self.shuffle, self.depth = client, n, seed, size, shuffle, depth
         self.queue: deque = deque()
-        self.arrived = threading.Condition()
+        self.lock = threading.Lock()  # the queue is filled by whichever thread has an answer (an overlapped push)
         self.spent = True
         self.stopped = False  # the shards said: end the fit (a graceful stop)
         self.epoch = 0
-        self.delivered = self.applied = 0  # batches dealt to it and pushes answered, this epoch
+        self.taken = 0  # batches of this epoch handed to training
         self.trained: dict[int, list[list[int]]] = {}  # epoch -> [start, count] of each batch it trained
 
     def open(self, epoch: int) -> None:
         """`epoch` begins: its first batches (the answer waits until every worker asked for them)."""
-        with self.arrived:
+        with self.lock:
             self.queue.clear()  # what an interrupted epoch left is dealt to others
-            self.spent, self.epoch, self.delivered, self.applied = False, epoch, 0, 0
+            self.spent, self.epoch, self.taken = False, epoch, 0
         self._ask()
 
-    def answered(self, header: dict, steps: int = 1) -> None:
-        """One of its pushes (of `steps` batches' training) was answered (applied, or refused as non-finite): the
-        header may bring the next batches; holding none, with none left to take, it asks (and waits) for more."""
-        self.applied += steps
+    def report(self) -> dict:
+        """What a message to shard 0 tells its dealer: the batches of the epoch taken so far (all trained, the last
+        one once the step that took it pushes)."""
+        return {"taken": [int(self.epoch), self.taken]}
+
+    def answered(self, header: dict) -> None:
+        """An answer to a push: it may bring the next batches."""
         self._take(header)
-        if not self.spent and not self.queue and self.delivered <= self.applied:
-            self._ask()
 
     def positions(self, epoch: int):
         """The sample indices of each batch this worker trains in `epoch`, as they arrive."""
         order = epoch_order(self.n, self.seed, epoch, self.shuffle)
-        while True:
-            with self.arrived:
-                while not self.queue and not self.spent and not self.stopped:  # stopped: evicted, or a stop
-                    if self.client.aborted:
-                        return
-                    self.arrived.wait(self.WAIT_S)
-                if not self.queue:
-                    return
-                dealt, start, count = self.queue.popleft()
+        while (batch := self._next()) is not None:
+            dealt, start, count = batch
             if dealt == epoch:
+                self.taken += 1
                 self.trained.setdefault(epoch, []).append([start, count])
                 yield order[start:start + count]
+
+    def _next(self):
+        """The next batch it was dealt, asked for when it holds none; None at the epoch's end or a stop."""
+        while True:
+            with self.lock:
+                if self.queue:
+                    return self.queue.popleft()
+                if self.spent or self.stopped:  # stopped: evicted, or a stop
+                    return None
+            self._ask()
 
     def samples(self, epoch: int) -> int:
         return sum(count for _, count in self.trained.get(epoch, ()))
@@ -89,18 +95,17 @@ class DealtBatches:
         return -(-self.n // (self.size * workers))
 
     def _ask(self) -> None:
+        """Report what it took and wait for batches, the epoch's end or a stop (an answer with none while it still
+        has batches coming in a push's answer)."""
         reply = self.client.request("batch", only=0, epoch=int(self.epoch), size=self.size, n=self.n,
-                                    depth=self.depth)[0]
+                                    depth=self.depth, **self.report())[0]
         self._take(reply.header)
 
     def _take(self, header: dict) -> None:
-        with self.arrived:
-            dealt = header.get("batches") or ()
-            self.queue.extend(dealt)
-            self.delivered += len(dealt)
+        with self.lock:
+            self.queue.extend(header.get("batches") or ())
             self.spent = self.spent or bool(header.get("spent"))
             self.stopped = self.stopped or bool(header.get("stop"))
-            self.arrived.notify_all()
 
 
 class ScheduledBatches:

@@ -63,6 +63,7 @@ class PsClient:
         self.comm_s = 0.0
         self._stop = threading.Event()
         self.before_request = None  # called first by every request (an overlapped exchange settles)
+        self.watch = None  # a worker's stall watch: `watch.waiting(kind, fields, per_shard, only)` around each request
         self._aborted = threading.Event()  # set from another thread: a waiting request gives up
         self._pinger = None
         if heartbeat:
@@ -79,6 +80,13 @@ class PsClient:
                 only: int | None = None, **fields) -> list[wire.Message]:
         """Send `kind` to every shard (or to shard `only`) with arrays `per_shard[i]`, header fields
         `fields_per_shard[i]` and `fields`, and wait for every answer."""
+        if self.watch is None:
+            return self._request(kind, per_shard, fields_per_shard, only, **fields)
+        with self.watch.waiting(kind, fields, fields_per_shard, only):
+            return self._request(kind, per_shard, fields_per_shard, only, **fields)
+
+    def _request(self, kind: str, per_shard: list[dict] | None, fields_per_shard: list[dict] | None,
+                 only: int | None, **fields) -> list[wire.Message]:
         if self.before_request is not None:
             self.before_request()
         started = time.time()

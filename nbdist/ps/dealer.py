@@ -3,11 +3,15 @@ positions each worker trains on next, so a fast worker takes more and a dead wor
 by the others.
 
 A worker asks for an epoch's first batches with a held ``batch`` message; the epoch opens once every live
-worker that trains it has asked, and each gets its first ones in rank order (the same on every run). After
-that every answer to one of its pushes brings its next batch (`deliver`), up to `depth` held at once (two
-when its exchange overlaps the next step; ASHL's local steps between commits, whose push trains them all). A worker with none left asks again: it gets one that came back
-from a dead worker, or is told the epoch is spent once every batch was applied. While it waits, no round,
-staleness bound or virtual-time order waits for it (`awaiting`).
+worker that trains it has asked, and each gets its first ones in rank order (the same on every run). Every push
+of the model's optimizer and every batch request says how many batches of the epoch the worker has taken
+(``taken``: [epoch, count]; each one trained, the last one once its first push was sent): those not counted yet
+are trained, and it is dealt its next (`deliver`: in the answer), up to `depth` held at once (two when its
+exchange overlaps the next step; ASHL's local steps between commits). A count, not one batch a push: the model's
+optimizer may step several times a batch or not at all (a GAN's train_step steps optimizers of its own, on tables
+of their own), and a worker whose steps push nothing here asks for its next batch itself. A worker with none left
+asks: it gets one that came back from a dead worker, or is told the epoch is spent once every batch was applied.
+While it waits, no round, staleness bound or virtual-time order waits for it (`awaiting`), on any table.
 """
 
 from __future__ import annotations
@@ -27,19 +31,22 @@ class Dealer:
         self.size: dict[int, int] = {}  # worker -> its batch size
         self.undelivered: dict[int, list] = {}  # worker -> deals not yet sent to it
         self.counts: dict[int, dict[int, list[int]]] = {}  # epoch -> worker -> [batches, samples] dealt
+        self.counted: dict[int, int] = {}  # worker -> batches of the open epoch it reported taken
 
     # -- requests ----------------------------------------------------------------------------
     def note(self, worker: int, header: dict) -> None:
-        """A held ``batch`` request: checked, remembered until `answer` can answer it."""
+        """A held ``batch`` request: checked, the batches it reports taken counted, remembered until `answer` can
+        answer it."""
         epoch, size, n, depth = (header.get(k) for k in ("epoch", "size", "n", "depth"))
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (epoch, size, n, depth)) or \
-                min(size, n, depth) < 1 or epoch < 0:
+        if not all(_count(v) for v in (epoch, size, n, depth)) or min(size, n, depth) < 1:
             raise wire.Rejected("malformed", "a batch request names its epoch, batch size, samples and depth")
+        check_taken(header)
         if self.dispatcher is None:
             self.dispatcher = Dispatcher(n)
         elif n != self.dispatcher.n:
             raise wire.Rejected("malformed", f"worker {worker} trains on {n} samples, the run's first worker on "
                                              f"{self.dispatcher.n}: every engine must hold the same data")
+        self.trained(worker, header.get("taken"))
         self.asked[worker] = header
         self.size[worker], self.depth[worker] = size, depth
 
@@ -72,24 +79,33 @@ class Dealer:
             return False
         self.dispatcher.open(epoch)
         self.undelivered.clear()
+        self.counted.clear()
         for worker in sorted(needed):
             self.top_up(worker)
         return True
 
     # -- pushes and their answers ------------------------------------------------------------------
-    def pushed(self, worker: int, steps=1, deal: bool = True) -> list | None:
-        """A push of `worker` was applied (or consumed: dropped, non-finite): its oldest batch is trained (its
-        `steps` oldest, for a push of local steps), and it is dealt its next (`deal`; a synchronous round deals
-        when it completes, in rank order: `top_up`). The trained batches: [epoch, start, count, start, count, ...]
-        (None when it held none)."""
+    def pushed(self, worker: int, taken, deal: bool = True) -> list | None:
+        """A push of `worker` was applied (or consumed: dropped, non-finite): the batches it reports `taken` and not
+        yet counted are trained, and it is dealt its next (`deal`; a synchronous round deals when it completes, in
+        rank order: `top_up`). The trained batches: [epoch, start, count, start, count, ...] (None when none)."""
         if self.dispatcher is None or self.dispatcher.epoch is None:
             return None
-        steps = steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 1 else 1
-        trained = [self.dispatcher.applied(worker) for _ in range(steps)]
+        trained = self.trained(worker, taken)
         if deal:
             self.top_up(worker)
-        trained = [part for batch in trained if batch is not None for part in batch]
-        return [self.dispatcher.epoch, *trained] if trained else None
+        return [self.dispatcher.epoch, *(part for batch in trained for part in batch)] if trained else None
+
+    def trained(self, worker: int, taken) -> list[tuple[int, int]]:
+        """`worker` has taken `taken` = [epoch, count] batches of the epoch: those of the open epoch not counted yet
+        are trained (its oldest outstanding ones); their (start, count)."""
+        dispatcher = self.dispatcher
+        if taken is None or dispatcher is None or taken[0] != dispatcher.epoch:
+            return []
+        new = taken[1] - self.counted.get(worker, 0)
+        self.counted[worker] = max(taken[1], self.counted.get(worker, 0))
+        batches = [dispatcher.applied(worker) for _ in range(new)]
+        return [batch for batch in batches if batch is not None]
 
     def resize(self, sizes: dict[int, tuple[int, int]]) -> None:
         """New batch sizes and depths (worker -> (size, depth)): ASHL's allocation, in force from the next deal."""
@@ -118,6 +134,7 @@ class Dealer:
         if self.dispatcher is not None:
             self.dispatcher.epoch = None
         self.undelivered.clear()
+        self.counted.clear()
 
     # -- workers that go ------------------------------------------------------------------------
     def lost(self, worker: int) -> int:
@@ -142,3 +159,14 @@ class Dealer:
         """Batches and samples dealt per epoch and worker (JSON keys are strings)."""
         return {"seed": self.seed, "samples": self.dispatcher.n if self.dispatcher else None,
                 "dealt": {str(e): {str(k): v for k, v in by.items()} for e, by in self.counts.items()}}
+
+
+def check_taken(header: dict) -> None:
+    """Refuse a message whose ``taken`` (the batches of an epoch its worker took) is not [epoch, count]."""
+    taken = header.get("taken")
+    if taken is not None and not (isinstance(taken, list) and len(taken) == 2 and all(_count(v) for v in taken)):
+        raise wire.Rejected("malformed", "taken names an epoch and how many of its batches the worker took")
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -56,8 +56,8 @@ class PushPull:
         # are one buffer per dtype and shard
         self.virtual = None  # a VirtualClock on the virtual clock (nothing sleeps then)
         self.pulled: dict = {}  # the header of the last pull's first reply (the run's step cost, on the virtual clock)
-        self.on_answer = None  # called with shard 0's header of every answer to a push and the steps it carried
-        # (--data dynamic)
+        self.on_answer = None  # called with shard 0's header of every answer to a push (--data dynamic)
+        self.report = None  # the header fields every push carries to shard 0's dealer (--data dynamic)
         self._flight: ThreadPoolExecutor | None = None  # overlap: the one thread exchanges run in
         self._in_flight = None  # overlap: the future of the exchange not yet taken up, -> (weights, versions)
         self._computed_on: list[int] = []  # overlap: the versions of the weights the model computes on now
@@ -145,6 +145,10 @@ class PushPull:
         if self.virtual is not None and vts:
             self.virtual.replied(max(vts), sum(a.nbytes for r in replies for a in r.arrays.values()))
 
+    def dealer_fields(self) -> dict:
+        """What a push tells shard 0's dealer, as the push is made (not as an overlapped exchange sends it)."""
+        return self.report() if self.report is not None else {}
+
     def push(self, *gradients, steps: int = 1) -> list[np.ndarray]:
         """One step's gradients (or `steps` steps' update), in `names` order; the weights to compute on next."""
         self.steps += 1
@@ -154,9 +158,8 @@ class PushPull:
             self.timer.exchange_started(None if real is None else real + slept)
         else:
             self.virtual.local_steps(steps - 1)
-        grads, fields = dict(zip(self.names, gradients)), {"step": self.steps, "batch": self.batch_size}
-        if steps != 1:  # the batches a dealer counts trained by it
-            fields["steps"] = steps
+        grads, fields = dict(zip(self.names, gradients)), {"step": self.steps, "batch": self.batch_size,
+                                                            **self.dealer_fields()}
         if self._flight is not None:
             weights = self._push_overlapped(grads, fields)
             self.timer.exchange_ended(0.0)  # the step waited only for the exchange before
@@ -183,7 +186,7 @@ class PushPull:
             self.slowdown.charge(self.client.bytes_sent + self.client.bytes_received - moved)
             if timed:
                 self.timer.exchange_ended(held_s)
-        return self._answered(replies, fields.get("steps", 1))
+        return self._answered(replies)
 
     def _exchange_virtual(self, grads: dict, fields: dict, compute_steps: int) -> list[np.ndarray]:
         """The virtual clock's exchange: no sleeps; the push says when it arrives, the reply when it left."""
@@ -200,7 +203,7 @@ class PushPull:
         self.timer.compute_s = virtual.compute_s()
         self.timer.comm_s = virtual.link_s(sent) * 2
         self.timer.comm_total_s += self.timer.comm_s
-        return self._answered(replies, fields.get("steps", 1))
+        return self._answered(replies)
 
     def _per_shard(self, grads: dict, fields: dict, versions: list[int]) -> tuple[list[dict], list[dict]]:
         """Each shard's arrays and header fields of a push: its gradients packed into one buffer per dtype,
@@ -217,9 +220,9 @@ class PushPull:
         """What asks the shards for flat replies, once this worker lays its pushes out flat."""
         return None if self.layouts is None else [{"flat": layout.digest} for layout in self.layouts]
 
-    def _answered(self, replies, steps: int = 1) -> list[np.ndarray]:
+    def _answered(self, replies) -> list[np.ndarray]:
         if self.on_answer is not None:
-            self.on_answer(replies[0].header, steps)
+            self.on_answer(replies[0].header)
         self.non_finite = 0
         self.staleness = max(r.header.get("staleness", 0) for r in replies)
         gammas = [r.header["gamma"] for r in replies if r.header.get("gamma") is not None]
@@ -230,14 +233,15 @@ class PushPull:
     def _skip_non_finite(self, refusal) -> list[np.ndarray]:
         """A NaN / inf gradient is not applied; the step continues from the PS's current weights."""
         self.non_finite += 1
-        if self.on_answer is not None:
-            self.on_answer({}, 1)  # its batch was trained (into NaN): the worker goes on to the next
         if self.non_finite >= MAX_NON_FINITE_IN_A_ROW:
             raise FloatingPointError(
                 f"{self.non_finite} gradients in a row held NaN or inf ({refusal}); the PS applied none of them "
                 "and kept its weights. Lower the learning rate, check the inputs for NaN, or add gradient "
                 "scaling, then re-run (with --resume to continue from the last checkpoint).")
-        return self.pull()
+        weights = self.pull()
+        if self.on_answer is not None:  # the next batch its refused push was dealt comes with the weights
+            self.on_answer(self.pulled)
+        return weights
 
     def _weights(self, replies) -> list[np.ndarray]:
         self.versions = [r.header["version"] for r in replies]

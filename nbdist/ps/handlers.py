@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from . import wire
+from .dealer import check_taken
 from .worker_state import WorkerState
 
 HELD_KINDS = ("pull", "push", "done", "epoch", "batch")  # answered when their condition holds
@@ -30,11 +31,12 @@ def _init(shard, ident, worker, message):
 
 
 def _push(shard, ident, worker, message):
+    check_taken(message.header)
     try:
         shard.check_push(message)
     except wire.Rejected as exc:
         if exc.reason == "non_finite" and shard.dealer is not None:
-            shard.dealer.pushed(worker, message.header.get("steps"))  # trained (into NaN): the worker goes on
+            shard.dealer.pushed(worker, message.header.get("taken"))  # trained (into NaN): the worker goes on
         raise
     if shard.clock == "virtual" and not all(isinstance(message.header.get(k), (int, float)) for k in ("vt", "gap")):
         raise wire.Rejected("malformed", "a push on the virtual clock carries its arrival time vt and gap")

@@ -137,7 +137,7 @@ class SynchronousRounds(ReleasePolicy):
     def try_push(self, shard, ident, worker, message):
         if worker in self.round:
             return None  # a worker that pushes more often than the round's pace waits for the next round
-        trained = shard.count_push(worker, message.header.get("steps"), deal=False)
+        trained = shard.count_push(worker, message.header.get("taken"), deal=False)
         self.round[worker] = (ident, message.header.get("step"), message.arrays, message.header.get("batch") or 1,
                               trained)
         self.arrived[worker] = time.time()

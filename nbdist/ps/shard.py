@@ -80,6 +80,8 @@ class Shard:
         self.epoch_vts: dict[int, dict[int, float]] = {}  # ... and when it reached the epoch's end (virtual)
         self.epoch_shares: dict[int, float] = {}  # worker -> its share of the data, the weight of its logs
         self.at_barrier: set[int] = set()  # workers waiting for the others' epoch-end logs
+        self.tables: dict[int, Shard] = {0: self}  # every table of this shard process (`ps.tables`): table 0's
+        # epoch barrier and batches are every table's, and a worker's push waiting at one holds its pushes to all
         self.stopping = False  # told to exit
         self.finalized = False  # the end-of-fit finalisation (EMA) was done
         self.model: str | None = None  # which model (rank 0's) the variables are of: another's fit re-initialises
@@ -104,8 +106,13 @@ class Shard:
         return [k for k, w in self.workers.items() if w.alive and not w.done and not w.evicted]
 
     def awaiting_batch(self, worker: int) -> bool:
-        """Whether `worker` waits for a batch (`--data dynamic`): it pushes nothing until it gets one."""
-        return self.dealer is not None and self.dealer.awaiting(worker)
+        """Whether `worker` waits for a batch (`--data dynamic`): it pushes nothing, to any table, until it gets one."""
+        dealer = self.tables[0].dealer
+        return dealer is not None and dealer.awaiting(worker)
+
+    def at_epoch_end(self, worker: int) -> bool:
+        """Whether `worker` waits for the others' epoch-end logs: it pushes nothing, to any table, until then."""
+        return worker in self.tables[0].at_barrier
 
     def pushing(self) -> list[int]:
         """The live workers that may still push before they hear from the shard (not waiting for a batch)."""
@@ -113,7 +120,7 @@ class Shard:
 
     def pacers(self) -> list[int]:
         """The live workers a synchronous round waits for (one at an epoch's end pushes nothing more)."""
-        live = [k for k in self.pushing() if k not in self.at_barrier]
+        live = [k for k in self.pushing() if not self.at_epoch_end(k)]
         return self.extension.pacers(self, live) if self.extension is not None else live
 
     def round_total(self, batches: list[int]) -> int:
@@ -273,7 +280,7 @@ class Shard:
     def apply_push(self, ident: bytes, worker: int, message: wire.Message, t: float | None = None, **fields) -> list:
         """Apply one worker's push now (the release policy said so); its reply (with `fields`). `t`: the
         push log's time (the virtual instant, on the virtual clock)."""
-        batch = self.count_push(worker, message.header.get("steps"))
+        batch = self.count_push(worker, message.header.get("taken"))
         # after a restart from a checkpoint a push may come from weights newer than the shard's: as stale by the gap
         staleness = abs(self.version - message.header["version"])
         grads = message.arrays
@@ -285,12 +292,12 @@ class Shard:
         self.counts["acked"] += 1
         return [self.weights_reply(ident, worker, staleness=staleness, gamma=info["gamma"], **fields)]
 
-    def count_push(self, worker: int, steps=None, deal: bool = True) -> list | None:
-        """One more push of `worker` taken (applied, dropped by the rule, or in a round); the batches it trained
-        on (`steps` of them: a push of local steps) are done: [epoch, start, count, ...] (`--data dynamic` on
-        shard 0), else None; it is dealt its next ones now, or (`deal` False) by `deal_next`."""
+    def count_push(self, worker: int, taken=None, deal: bool = True) -> list | None:
+        """One more push of `worker` taken (applied, dropped by the rule, or in a round); the batches it reports
+        `taken` and trained since its last report are done: [epoch, start, count, ...] (`--data dynamic` on shard 0),
+        else None; it is dealt its next ones now, or (`deal` False) by `deal_next`."""
         self.workers[worker].pushed += 1
-        return self.dealer.pushed(worker, steps, deal) if self.dealer is not None else None
+        return self.dealer.pushed(worker, taken, deal) if self.dealer is not None else None
 
     def deal_next(self, worker: int) -> None:
         """`worker`'s next batches (`--data dynamic`): a synchronous round deals them when it completes, rank by

@@ -4,8 +4,12 @@ Table 0 is the run's first optimizer (under `fit`, the model's); a cell that ste
 discriminator and generator, a loop's own) has a table more for each, each with its own variables, update rule
 (that optimizer's), version and release policy, made when its first message arrives. A message names its table
 in the header (`table`, 0 when absent). What concerns the worker or the run rather than one optimizer goes to
-every table (heartbeats, controls, deaths, newcomers, the stop); the push log and the zero-copy bookkeeping are
-shared, so the dashboard sees every table's pushes. A checkpoint holds every table: table k's arrays under
+every table (heartbeats, controls, deaths, newcomers, the stop); where a worker is in its fit (waiting for a batch
+of shard 0's dealer, at an epoch's end) is table 0's, and every table reads it there, so no table's round or
+staleness bound waits for a worker that pushes nothing more until table 0 answers it; on the virtual clock a worker
+whose push waits at one table pushes to no other before that push's time. A message to one table lets every other
+answer what it can then. The push log and the zero-copy bookkeeping are shared, so the dashboard sees every table's
+pushes. A checkpoint holds every table: table k's arrays under
 ``o<k>/``, its optimizer and names in the state's header (`tables`).
 """
 
@@ -25,6 +29,7 @@ class ShardTables:
     def __init__(self, config: dict):
         self.config = config
         self.tables: dict[int, Shard] = {0: Shard(config)}
+        self.first.tables = self.tables
 
     @property
     def first(self) -> Shard:
@@ -62,8 +67,8 @@ class ShardTables:
 
     def _table_at(self, index: int) -> Shard:
         if index not in self.tables:
-            table = Shard({**self.config, "log_path": None})
-            table.log, table.shared = self.first.log, self.first.shared
+            table = Shard({**self.config, "log_path": None, "data": None})  # shard 0's dealer is table 0's
+            table.log, table.shared, table.tables = self.first.log, self.first.shared, self.tables
             for worker, state in self.first.workers.items():  # newcomers admitted meanwhile, the dead
                 table.workers[worker].alive = state.alive
             self.tables[index] = table
@@ -80,7 +85,14 @@ class ShardTables:
             return [self._state(ident, message)]
         if kind == "restore" and "table" not in message.header:
             return self._restore(ident, message)
-        return self.table(message).handle(ident, message)
+        table = self.table(message)
+        return table.handle(ident, message) + self._released_elsewhere(table)
+
+    def _released_elsewhere(self, changed: Shard) -> list:
+        """What the tables but `changed` can answer now: a message may have changed where a worker is (waiting for
+        a batch or at an epoch's end, at table 0; a push of its held at `changed`), which their policies read."""
+        return [reply for table in list(self.tables.values()) if table is not changed
+                for reply in [*table.policy.complete_round(table), *table.release()]]
 
     def _state(self, ident: bytes, message: wire.Message) -> tuple:
         """Every table's arrays (table k's under o<k>/) and table 0's summary, with each table's own."""

@@ -41,8 +41,11 @@ class WorkerTimes:
 
     def may_come_before(self, shard, worker: int, t: float, rank: int) -> bool:
         """Whether `worker` (no push waiting) could still deliver one before (t, rank)."""
-        if worker in shard.at_barrier or worker in self.latecomers or shard.awaiting_batch(worker):
+        if shard.at_epoch_end(worker) or worker in self.latecomers or shard.awaiting_batch(worker):
             return False  # at an epoch's end (or waiting for a batch): its next push follows, after every pending one
+        elsewhere = _waiting_elsewhere(shard, worker)
+        if elsewhere is not None and (elsewhere > t or (elsewhere == t and worker > rank)):
+            return False  # its push waiting at another optimizer's table comes first (a GAN's steps are in order)
         earliest = self.earliest_possible(worker)
         if earliest is None:
             if self.first_push is not None and time.time() - self.first_push > LIMITS.start_barrier_s:
@@ -52,6 +55,13 @@ class WorkerTimes:
                 return False
             return True
         return earliest < t or (earliest == t and worker < rank)
+
+
+def _waiting_elsewhere(shard, worker: int) -> float | None:
+    """The virtual time of `worker`'s push waiting at another table of the shard process, if any."""
+    times = [m.header["vt"] for table in shard.tables.values() if table is not shard
+             for _, m in table.waiting if m.kind == "push" and m.header.get("worker") == worker]
+    return min(times, default=None)
 
 
 def _waiting_pushes(shard) -> list[tuple[float, int, bytes, object]]:

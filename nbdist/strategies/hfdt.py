@@ -14,8 +14,8 @@ from .rendezvous import Rendezvous, host_plan, require_horovod
 from .base import Option, Reports, Strategy
 from .hfdt_elastic import LEFT_KEY
 from .hfdt_worker import HfdtWorker
-from .options import DATA, ELASTIC, SIMULATE, data_config
-from .stall_watch import missing_ranks, stalled
+from .options import DATA, ELASTIC, SIMULATE, STALL_TIMEOUT, data_config
+from .stall_watch import missing_ranks, stall_timeout, stalled
 
 COMPRESSION = Option("--compression", "gradient compression on the allreduce: none or fp16", default="none",
                      choices=("none", "fp16"))
@@ -27,9 +27,6 @@ BALANCE = Option("--balance", "none (every rank the cell's batch) or auto: profi
 ON_FAILURE = Option("--on-failure", "what a dead engine does to the run: continue (the survivors re-form the Horovod "
                     "job and train on, down to --min-workers; the default) or fail (the run stops with an error "
                     "naming the engine)", default="continue", choices=("continue", "fail"))
-STALL_TIMEOUT = Option("--stall-timeout", "seconds a step may wait for ranks that have not submitted their "
-                       "gradients before the run fails naming them (default 30)", type=float, default=30.0,
-                       metavar="S", minimum=1)
 MIN_WORKERS = Option("--min-workers", "the fewest ranks a run continues with after engines die (default 1); one "
                      "death more and the run fails, the weights of its last completed step in nbdist.last_run.weights",
                      type=int, default=1, metavar="W", minimum=1)
@@ -216,15 +213,16 @@ class HfdtStrategy(Strategy):
     def _check_stall(self, run) -> None:
         """A rank the others waited for past --stall-timeout: treated as dead when elastic and enough ranks
         are left without it (its engine is killed, the others re-form), else the run fails naming it."""
-        missing = [self.ranks[r] for r in missing_ranks(run, self.ranks, self.value("stall_timeout"))]
+        timeout = stall_timeout(self.values, LIMITS.collective_stall_s)
+        missing = [self.ranks[r] for r in missing_ranks(run, self.ranks, timeout)]
         if not missing or set(missing) <= self.killed:
             return
         if not self.elastic or len(self.ranks) - len(missing) < self.value("min_workers") or self.cluster is None:
-            raise CollectiveStalled(stalled(run, self.ranks, self.value("stall_timeout")))
+            raise CollectiveStalled(stalled(run, self.ranks, timeout))
         for eid in missing:
             if eid not in self.killed:
                 run.record("stalled_rank_killed", engine=eid, rank=run.workers.index(eid),
-                           host=self.cluster.info(eid).host, stall_timeout=self.value("stall_timeout"))
+                           host=self.cluster.info(eid).host, stall_timeout=timeout)
         self.killed |= set(missing)
         self.cluster.signal(missing, signal.SIGKILL)  # the others' collective then fails: they re-form
 

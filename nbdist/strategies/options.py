@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import os
 
+from ..limits import Limits
 from .base import Option
 
 SIMULATE = Option("--simulate", "make workers slower to study heterogeneity on one machine: 'speed=1,1,0.5,0.25; "
                   "bandwidth=1g,1g,100m,10m; latency=0,0,5ms,20ms' (one value per worker, or one for all); add "
                   "'clock=virtual' (and optionally 'step=12ms') for a virtual clock that never sleeps and orders "
                   "pushes by simulated time", metavar="SPEC")
+
+STALL_TIMEOUT = Option("--stall-timeout", "seconds a run may make no progress before it fails naming who waits for "
+                       "what: under hfdt (and tensor), a step waiting for ranks that have not submitted their gradients "
+                       f"(default {Limits.collective_stall_s:g}); under the parameter-server strategies, every live worker "
+                       "without a step, a request to the parameter server or a reply, outside its start, validation "
+                       f"and an epoch's end (default {Limits.ps_silence_s:g})", type=float,
+                       metavar="S", minimum=1)
 
 # the parameter server
 PS_SHARDS = Option("--ps-shards", "number of parameter-server shards; variables are spread over them balanced "
@@ -60,7 +68,7 @@ RESTART_ENGINES = Option("--restart-engines", "on a cluster nbdist started: a wo
                          choices=("on", "off"))
 ELASTIC = (MAX_WORKERS, RESTART_ENGINES)  # read by the strategies whose runs take engines in while they train
 PARAMETER_SERVER = (PS_SHARDS, PS_ON, MAX_STALENESS, CHECKPOINT_EVERY, CHECKPOINT_DIR, RESUME, PS_RESTARTS, SIMULATE,
-                    DATA_SHARDS)
+                    DATA_SHARDS, STALL_TIMEOUT)
 
 
 def data_config(strategy, run, applies: bool = True) -> dict | None:

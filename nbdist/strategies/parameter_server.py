@@ -27,7 +27,7 @@ import numpy as np
 from ..datasets import dynamic_data, structures
 from ..host import interrupt_guard
 from ..keras_semantics import optimizer_state
-from ..errors import NbdistError, OptionError, ParameterServerFailed
+from ..errors import NbdistError, OptionError, ParameterServerFailed, RunStalled
 from ..host.hetero import Profile, Slowdown, StepCost, parse_simulate
 from ..keras_semantics.keras_bridge import apply_gradients_restored, build_for_training
 from ..limits import LIMITS
@@ -41,9 +41,10 @@ from ..datasets.sharding import shard_fit_data
 from .virtual_clock import VirtualClock, measure_step_cost
 from . import options as opt
 from .base import Reports, Strategy, Worker
-from .ps_tables import OptimizerTables
+from .ps_tables import OptimizerTables, optimizer_label
 from .ps_callbacks import (epoch_agreement, follow_learning_rate, restore_best_weights, shared_statistics,
-                           statistics_variables, stop_when_asked)
+                           silence_marks, statistics_variables, stop_when_asked)
+from .stall_watch import Silence, publish, silent_workers, stall_timeout
 
 # what every parameter-server run may record, beyond the common kinds
 PS_EVENTS = {
@@ -75,9 +76,10 @@ class PsWorker(Worker):
         names = variable_names(model)["trainable"]
         plan = partition({n: int(np.prod(v.shape)) for n, v in zip(names, variables)}, len(self.config["shards"]))
         client = self._client()
+        self.silence.tables[0] = f"the model's optimizer, {optimizer_label(optimizer)}"
         exchange = self.exchange_class(client, plan, names, request.samples_per_step, Slowdown(self.simulated))
-        if self.dealt is not None:  # --data dynamic: shard 0's answers bring the next batches
-            self.dealt.client, exchange.on_answer = client, self.dealt.answered
+        if self.dealt is not None:  # --data dynamic: pushes report the batches taken, their answers bring the next
+            self.dealt.client, exchange.on_answer, exchange.report = client, self.dealt.answered, self.dealt.report
         self.fit_optimizer = optimizer  # the other optimizers a train_step steps: tables 1, 2, ...
         self.optimizer_tables = OptimizerTables(self, client, first=1, batch=request.samples_per_step)
         user = self.user_callbacks(request)
@@ -116,6 +118,7 @@ class PsWorker(Worker):
             finally:
                 exchange.abandon()  # after a failure or an interrupt (a finished fit closed it already)
                 self.optimizer_tables.abandon()
+                self.silence.stop()
                 client.close()
 
     # -- the optimizer steps the step seam routes here (a loop's; a train_step's other optimizers) ----------
@@ -135,6 +138,7 @@ class PsWorker(Worker):
                 yield
             finally:
                 self.optimizer_tables.abandon()
+                self.silence.stop()
                 client.close()
 
     def step(self, index, optimizer, grads, variables, apply):
@@ -157,9 +161,12 @@ class PsWorker(Worker):
         return self.optimizer_tables.metrics()
 
     def _client(self) -> PsClient:
-        return PsClient(self.config["shards"], bytes.fromhex(self.config["key"]), self.rank,
-                        ps_timeout_s=LIMITS.ps_restart_wait_s if self.config.get("ps_restarts")
-                        else LIMITS.ps_reply_s)
+        """This worker's connection to the shards, watched for silence (`--stall-timeout`) until `silence.stop()`."""
+        client = PsClient(self.config["shards"], bytes.fromhex(self.config["key"]), self.rank,
+                          ps_timeout_s=LIMITS.ps_restart_wait_s if self.config.get("ps_restarts")
+                          else LIMITS.ps_reply_s)
+        self.silence = client.watch = Silence(publish, stall_timeout(self.values, LIMITS.ps_silence_s))
+        return client
 
     def _tune(self, exchange, request, spec) -> None:
         """The exchange as the shards and the options say: the virtual clock's step cost, overlapped exchanges."""
@@ -178,15 +185,16 @@ class PsWorker(Worker):
 
     def _callbacks(self, client, exchange, model, user: list, own: list) -> list:
         """The fit's callbacks around the user's: batches dealt, the running statistics kept on the shards (when
-        the PS applies the optimizer), epochs agreed, the PS's learning rate followed (rank 0, then), this
-        strategy's own, a graceful stop."""
+        the PS applies the optimizer), epochs agreed, the stall watch's marks (before the user's: a user callback
+        that hangs is silence), the PS's learning rate followed (rank 0, then), this strategy's own, a graceful
+        stop."""
         leads = self.rank == 0 and self.uses_ps_optimizer
         follow = [follow_learning_rate(client, model.optimizer)] if leads else []
         dealt = [dynamic_data.epoch_follower(self.dealt)] if self.dealt is not None else []
         statistics = statistics_variables(model, variable_names(model)["non_trainable"])
         shared = [shared_statistics(client, statistics)] if statistics and self.uses_ps_optimizer else []
-        return [*dealt, *shared, epoch_agreement(client, exchange, self.share), *user, *follow, *own,
-                stop_when_asked(exchange, self.dealt)]
+        return [*dealt, *shared, epoch_agreement(client, exchange, self.share), silence_marks(self.silence), *user,
+                *follow, *own, stop_when_asked(exchange, self.dealt)]
 
     def optimizer_spec(self, optimizer) -> rules.OptimizerSpec:
         """What the PS needs of the cell's optimizer; the delay rules refuse all but SGD."""
@@ -514,6 +522,20 @@ class PsStrategy(Strategy):
                      if saved else "No checkpoint had been saved yet.")
             raise ParameterServerFailed(f"the parameter server failed during run {run.id}: "
                                         f"{self.service.failure} {where}")
+        self._check_silence(run)
+
+    def _check_silence(self, run) -> None:
+        """Every live worker silent past --stall-timeout (not while the run is paused, nor counting the pause): the
+        run fails, naming what each one waits for."""
+        controls = [e for e in run.events if e["event"] in ("control:pause", "control:resume", "control:stop")]
+        if controls and controls[-1]["event"] == "control:pause":
+            return
+        gone = run.dead_ranks() | run.evicted_ranks()
+        live = {rank: eid for rank, eid in enumerate(run.workers) if rank not in gone and eid not in run.results}
+        resumed = max((e["t"] for e in controls if e["event"] == "control:resume"), default=0.0)
+        said = silent_workers(run, live, stall_timeout(self.values, LIMITS.ps_silence_s), resumed)
+        if said is not None:
+            raise RunStalled(f"run {run.id}: {said}")
 
     def _take_service_events(self, run) -> None:
         """The kernel's own PS events (shard restarts) onto the run, as they happen."""

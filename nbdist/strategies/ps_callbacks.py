@@ -111,3 +111,32 @@ def shared_statistics(client, variables: list[tuple[str, object]]):
             return {n: np.array(reply.arrays[n]) for n, _ in variables}
 
     return SharedStatistics()
+
+
+def silence_marks(silence):
+    """A callback that tells the stall watch (`stall_watch.Silence`) each step's end and the work a run expects to
+    be long: validation, and an epoch's end (from the end of the epoch's agreement, through the cell's epoch-end
+    callbacks, to the next epoch's first step)."""
+    import keras
+
+    class SilenceMarks(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if silence.long is not None:
+                silence.long_work(None)
+
+        def on_train_batch_end(self, batch, logs=None):
+            silence.stepped(f"step {batch + 1} of epoch {self.epoch} ended")
+
+        def on_test_begin(self, logs=None):
+            silence.long_work("validating")
+
+        def on_test_end(self, logs=None):
+            silence.long_work(None)
+
+        def on_epoch_end(self, epoch, logs=None):
+            silence.long_work(f"at the end of epoch {epoch} (the cell's epoch-end callbacks)")
+
+    return SilenceMarks()

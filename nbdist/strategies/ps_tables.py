@@ -75,6 +75,7 @@ class OptimizerTables:
         names = [f"t{i:04d}:{v.name}" for i, v in enumerate(variables)]
         plan = partition({n: int(np.prod(v.shape)) for n, v in zip(names, variables)}, len(worker.config["shards"]))
         client = TableClient(self.client, self.first + index)
+        worker.silence.tables[self.first + index] = optimizer_label(optimizer)
         exchange = PushPull(client, plan, names, self.batch, Slowdown(worker.simulated))
         if worker.virtual_step is not None:
             from .virtual_clock import VirtualClock
@@ -115,6 +116,11 @@ class OptimizerTables:
     def abandon(self) -> None:
         for table in self.tables.values():
             table.exchange.abandon()
+
+
+def optimizer_label(optimizer) -> str:
+    """An optimizer as a message names it: its class and its name."""
+    return f"{type(optimizer).__name__} '{optimizer.name}'"
 
 
 def _as_dict(spec) -> dict:

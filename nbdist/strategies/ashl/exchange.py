@@ -80,9 +80,8 @@ class PacedExchange(PushPull):
 
     def _send(self, pair, compute_steps: int = 1) -> list[np.ndarray]:
         grads, batches = pair
-        fields = {"step": self.steps, "batch": self.batch_size * batches if self.batch_size else None}
-        if batches != 1:  # the batches a dealer counts trained by it
-            fields["steps"] = batches
+        fields = {"step": self.steps, "batch": self.batch_size * batches if self.batch_size else None,
+                  **self.dealer_fields()}
         return self.exchange(grads, fields, compute_steps)
 
     def _accumulate(self, grads: dict) -> None:
