@@ -59,9 +59,10 @@ def test_plain_sgd_and_adam_keep_the_numpy_rules():
     assert rules.spec_from_keras(keras.optimizers.Adam(0.01)).name == "Adam"
 
 
-def test_a_loss_scale_optimizer_is_refused_by_name():
-    with pytest.raises(OptionError, match="LossScaleOptimizer.*mixed precision.*--strategy hfdt"):
-        rules.spec_from_keras(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)))
+def test_a_loss_scale_optimizer_is_described_by_its_inner_optimizer():
+    """The shards apply the unscaled gradients with the inner optimizer; each worker keeps the loss scale."""
+    spec = rules.spec_from_keras(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1, momentum=0.5)))
+    assert (spec.name, spec.kind, spec.learning_rate, spec.momentum) == ("SGD", "SGD", pytest.approx(0.1), 0.5)
 
 
 @pytest.mark.parametrize("spec", [rules.OptimizerSpec("SGD", 0.1, momentum=0.9, nesterov=True),

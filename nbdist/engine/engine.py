@@ -169,7 +169,7 @@ def run_training_cell(spec: dict) -> list:
     seam = StepSeam(worker, monitor, loops=training.loop)
     if training.loop:
         fresh_traces(namespace)
-        _carry_states(spec.get("states"), namespace)
+    _carry_states(spec.get("states"), namespace)
     _seed(spec)
     tree = cell_tree(python, filename, training.loops_at)
     cell_names = rank_zero_state = None
@@ -205,7 +205,7 @@ def run_training_cell(spec: dict) -> list:
 
 
 def _carry_states(state, namespace: dict) -> None:
-    """A loop's optimizers and metrics take the state the notebook's have (`loop_state.carried`)."""
+    """The cell's optimizers and metrics take the state the notebook's have (`loop_state.carried`)."""
     if state is None:
         return
     from .loop_state import install_state

@@ -214,11 +214,19 @@ def apply_gradients_restored(model):
 
 
 def build_for_training(model, x) -> None:
-    """Make sure `model` and its optimizer have their variables (a subclassed model is called on `x[:1]`)."""
+    """Make sure `model` has its variables (a subclassed model is called on `x[:1]`), and its optimizer where Keras'
+    own train step steps it (it would build it at its first step; built now, every rank starts from the same
+    variables). A model whose own `train_step` may step other optimizers keeps its optimizer as it is: one that no
+    step uses (a GAN's default RMSprop beside its own two) stays unbuilt, as a local fit leaves it."""
     if not model.built:
         build_from_sample(model, x)
-    if not model.optimizer.built:
+    if keras_train_step(model) and not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
+
+
+def keras_train_step(model) -> bool:
+    """Whether `model` trains with Keras' own `train_step` (not one of its class's)."""
+    return (getattr(type(model).train_step, "__module__", "") or "").startswith("keras.")
 
 
 def build_from_sample(model, sample_input):

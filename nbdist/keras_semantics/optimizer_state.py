@@ -45,8 +45,11 @@ def export(optimizer, variables, names: list[str]) -> tuple[dict[str, np.ndarray
 
 
 def load(optimizer, variables, names: list[str], arrays: dict, step: int | None = None) -> int:
-    """Assign the slots found in `arrays` (same naming as `export`); returns how many were assigned."""
+    """Assign the slots found in `arrays` (same naming as `export`); returns how many were assigned. An unbuilt
+    optimizer that made no step stays unbuilt (nothing stepped it, locally either)."""
     if not getattr(optimizer, "built", False):
+        if not step:
+            return 0
         optimizer.build(list(variables))
     assigned = 0
     for name, per_variable in zip(names, slots(optimizer, variables)):

@@ -35,6 +35,7 @@ def install_result(model, result: FitResult, request=None, callbacks=None, clien
         problems = install(result.state, {"model": model}, request)
     else:
         _install_weights(model, result)
+        problems = _left_with_the_parts(model)
     history = keras.callbacks.History()
     history.set_model(model)
     history.history = {k: list(v) for k, v in result.history.items()}
@@ -71,6 +72,20 @@ def _data_batch(request) -> tuple:
     one = slice(0, 1)
     return (structures.take(x, one), structures.take(request.args.get("y"), one),
             structures.take(request.args.get("sample_weight"), one))
+
+def _left_with_the_parts(model) -> list[str]:
+    """What a model-parallel run that returned only the joined weights and the model's optimizer left on the
+    engines: the model's metrics and seed generators (named, never silent)."""
+    from ..keras_semantics.state_walk import Walk
+
+    walk = Walk({"model": model})
+    left = [a for a, kind in walk.kinds.items() if kind in ("metric", "seed") and any(
+        v.startswith(a + "/") for v in walk.variables)]
+    if not left:
+        return []
+    return [f"{', '.join(left[:4])}{' and more' if len(left) > 4 else ''}: their state stayed on the engines (this "
+            "strategy returns the model's weights and its optimizer's state)"]
+
 
 def _refuse_another_architecture(model, result: FitResult) -> None:
     """The notebook's model must have the weights the engines trained, at the same addresses and shapes."""

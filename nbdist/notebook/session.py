@@ -209,7 +209,7 @@ class Session:
                     continue
                 if other and not values:
                     calls.append((eid, client.apply_async(model_sync.receive_skeleton, name,
-                                                          model_sync.skeleton(used[name]), functions)))
+                                                          model_sync.skeleton(used[name]), functions, state.seeds)))
                 elif other:
                     blob = blob or pickle.dumps(used[name])
                     calls.append((eid, client.apply_async(model_sync.receive, name, blob, functions, state.seeds)))
@@ -225,11 +225,12 @@ class Session:
         return sent
 
     # -- what the cell uses, brought (no marks needed) -----------------------------------------
-    def _loop_objects(self, cell: str, strategy, workers: list[int]) -> set[str]:
-        """A loop cell's optimizers and metrics: their notebook state goes with the run (`strategy.loop_states`,
-        installed on each engine before the cell); those an engine already holds (same class and config) are
-        not brought again, so its traced steps keep stepping the same objects. Returns their names."""
-        if not strategy.loop or self.shell is None:
+    def _cell_objects(self, cell: str, strategy, workers: list[int]) -> set[str]:
+        """The optimizers and metrics a training cell reads (a loop's, a GAN's two that its compile keeps): their
+        notebook state goes with the run (`strategy.loop_states`, installed on each engine before the cell); those
+        an engine already holds (same class and config) are not brought again, so its traced steps keep stepping
+        the same objects. Returns their names."""
+        if self.shell is None:
             return set()
         from ..engine import loop_state
 
@@ -389,7 +390,7 @@ class Session:
         strategy.values["plan_limit"] = _short_run_share(options.get("plan_samples"), strategy, workers)
         cluster.refresh(workers)
         self.sync_definitions(workers, empty_weights=strategy.fills_own_part)
-        kept = self._loop_objects(cell, strategy, workers)
+        kept = self._cell_objects(cell, strategy, workers)
         items = [] if options.get("no_bring") else self.bring_plan(cell, skip=kept)  # a refusal comes before any work
         first, rest = self._before_models(cell, strategy, items)
         early = bring.send(first, cluster, workers) if first else None  # the classes the notebook's models use
@@ -567,8 +568,7 @@ class Session:
             snapshot = loop["snapshots"][index]
             if snapshot.stdout:
                 print(snapshot.stdout, end="" if snapshot.stdout.endswith("\n") else "\n")
-            for problem in loop_state.install(snapshot, namespace):
-                print(f"nbdist: {problem}.")
+            self._tell_left(run, loop_state.install(snapshot, namespace))
 
         if run.options.get("seed") is not None:
             import keras

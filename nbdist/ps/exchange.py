@@ -24,6 +24,9 @@ from .client import PsClient, PsRefused
 from .flat_layout import FlatLayout, is_flat
 
 MAX_NON_FINITE_IN_A_ROW = 10
+# a loss-scaled optimizer's overflowing steps are skipped by design, each halving its scale: from Keras' initial
+# 2**15, 40 halvings in a row reach 2**-25, where no float16 gradient overflows any more
+MAX_LOSS_SCALE_OVERFLOWS_IN_A_ROW = 40
 
 
 class PushPull:
@@ -49,6 +52,7 @@ class PushPull:
         self.gamma = None
         self.steps = 0
         self.non_finite = 0  # pushes in a row the PS rejected for NaN / inf
+        self.non_finite_limit = MAX_NON_FINITE_IN_A_ROW
         self.stop_asked = False  # the PS said: end this fit (a graceful stop, or this worker was evicted)
         self.phase: str | None = None  # the phase the PS answered with (ASHL)
         self.current: list[np.ndarray] = []  # the weights last received
@@ -129,6 +133,19 @@ class PushPull:
         replies = self.client.request("pull", None, per_shard, **fields)
         self.pulled = replies[0].header
         return self._weights(replies)
+
+    def at_epoch_end(self, first) -> list[np.ndarray]:
+        """The job's weights at an epoch's barrier: shard 0's in its answer `first` to the barrier, the other shards'
+        asked now (every push of the epoch was answered before the barrier: they hold it too)."""
+        replies = [first]
+        if len(self.plan) > 1:
+            replies += self.client.request("weights", None, self._flat_fields())[1:]
+        if self._flight is not None:  # the exchange still out (settled before the barrier) brings older weights
+            self.settle()
+            self._in_flight = None
+        weights = self._answered(replies)
+        self._computed_on = list(self.versions)
+        return weights
 
     def done(self) -> list[np.ndarray]:
         """The final weights, once every worker has finished its fit (the end-of-fit barrier)."""
@@ -233,7 +250,7 @@ class PushPull:
     def _skip_non_finite(self, refusal) -> list[np.ndarray]:
         """A NaN / inf gradient is not applied; the step continues from the PS's current weights."""
         self.non_finite += 1
-        if self.non_finite >= MAX_NON_FINITE_IN_A_ROW:
+        if self.non_finite >= self.non_finite_limit:
             raise FloatingPointError(
                 f"{self.non_finite} gradients in a row held NaN or inf ({refusal}); the PS applied none of them "
                 "and kept its weights. Lower the learning rate, check the inputs for NaN, or add gradient "
@@ -242,6 +259,11 @@ class PushPull:
         if self.on_answer is not None:  # the next batch its refused push was dealt comes with the weights
             self.on_answer(self.pulled)
         return weights
+
+    def tolerate_non_finite(self, loss_scaled: bool) -> None:
+        """A loss-scaled optimizer's pushes overflow now and then by design (the step is skipped, the scale halved):
+        they fail the run only after `MAX_LOSS_SCALE_OVERFLOWS_IN_A_ROW` in a row."""
+        self.non_finite_limit = MAX_LOSS_SCALE_OVERFLOWS_IN_A_ROW if loss_scaled else MAX_NON_FINITE_IN_A_ROW
 
     def _weights(self, replies) -> list[np.ndarray]:
         self.versions = [r.header["version"] for r in replies]

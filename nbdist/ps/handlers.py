@@ -50,6 +50,11 @@ def _probe(shard, ident, worker, message):
     return [(ident, "weights", shard.weights(worker), {"version": shard.version})]
 
 
+def _weights(shard, ident, worker, message):
+    """The weights now (a worker that takes the job's model at an epoch's end, from the shards after the first)."""
+    return [shard.weights_reply(ident, worker, stop=False)]
+
+
 def _pull(shard, ident, worker, message):
     """The start of a (next) fit call."""
     if shard.finalized:  # the first pull of a later fit: its epochs are dealt and agreed anew (a fit's epoch 0
@@ -176,5 +181,5 @@ def _stop(shard, ident, worker, message):
 
 
 HANDLERS = {"heartbeat": _heartbeat, "init": _init, "push": _push, "probe": _probe, "pull": _pull, "done": _done,
-            "epoch": _epoch, "batch": _batch, "learning_rate": _learning_rate, "state": _state, "statistics": _statistics, "stats": _stats, "control": _control,
+            "epoch": _epoch, "batch": _batch, "weights": _weights, "learning_rate": _learning_rate, "state": _state, "statistics": _statistics, "stats": _stats, "control": _control,
             "restore": _restore, "stop": _stop, "admit": _admit, "drop": _drop}

@@ -42,15 +42,13 @@ class OptimizerSpec:
 
 
 def spec_from_keras(optimizer) -> OptimizerSpec:
-    """The PS's description of a compiled Keras optimizer; refuses what cannot travel, by name."""
+    """The PS's description of a compiled Keras optimizer; refuses what cannot travel, by name. A
+    `LossScaleOptimizer` (mixed precision) is described by its inner optimizer: the shards apply unscaled float32
+    gradients with it, and each worker keeps its loss scale (`inner_of`)."""
     import keras
 
+    optimizer = inner_of(optimizer)
     kind = type(optimizer).__name__
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        raise OptionError("the parameter server does not apply a LossScaleOptimizer (mixed precision, "
-                          "keras.mixed_precision.set_global_policy('mixed_float16')). Received: "
-                          f"optimizer={kind}. Use --strategy hfdt or local for mixed precision, or the "
-                          "float32 policy with the parameter-server strategies.")
     lr, schedule = _learning_rate_of(optimizer)
     config = keras.optimizers.serialize(optimizer)
     numpy_ok = kind in NUMPY_RULES and not getattr(optimizer, "amsgrad", False) and all(
@@ -63,6 +61,15 @@ def spec_from_keras(optimizer) -> OptimizerSpec:
                              schedule=schedule, keras=config, kind=kind)
     return OptimizerSpec("Adam", lr, beta_1=float(optimizer.beta_1), beta_2=float(optimizer.beta_2),
                          epsilon=float(optimizer.epsilon), schedule=schedule, keras=config, kind=kind)
+
+
+def inner_of(optimizer):
+    """The optimizer the shards apply: a `LossScaleOptimizer`'s inner one, any other as it is."""
+    import keras
+
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer.inner_optimizer
+    return optimizer
 
 
 def _learning_rate_of(optimizer) -> tuple[float, dict | None]:

@@ -32,7 +32,8 @@ from .worker_state import WorkerState
 from .zero_copy import SharedArrays
 
 WEIGHTS_REQUESTS = ("pull", "push", "done", "probe")  # answered with the weights
-NEEDS_MODEL = ("push", "pull", "probe", "epoch", "done", "learning_rate", "report", "turn", "profile", "batch")
+NEEDS_MODEL = ("push", "pull", "probe", "epoch", "done", "learning_rate", "report", "turn", "profile", "batch",
+               "weights")
 CONTROLLER = "controller"
 CONTROLLER_KINDS = {"state", "stats", "restore", "stop", "heartbeat", "control", "admit", "drop"}
 
@@ -219,7 +220,11 @@ class Shard:
             return self._end_of_fit(ident, worker)
         if kind == "epoch":
             agreed = self._agreed_epoch(worker, message.header["epoch"])
-            return None if agreed is None else [(ident, "ok", None, agreed)]
+            if agreed is None:
+                return None
+            # (asked with weights: the model as every worker's epoch left it, before any pushes past the barrier)
+            return [self.weights_reply(ident, worker, stop=False, **agreed) if message.header.get("weights")
+                    else (ident, "ok", None, agreed)]
         if kind == "push":
             return self.policy.try_push(self, ident, worker, message)
         if kind == "batch":

@@ -139,13 +139,13 @@ class Survivor:
     def _enter(self, job: dict, account: dict) -> int:
         """Join `job`, take rank 0's weights and optimizer state, rescale, trace the train step anew;
         returns the most units of collectives any rank of the new job had completed."""
-        from .horovod_ops import broadcast_from_rank0
+        from .horovod_ops import broadcast_model
 
         hvd, model = self.hvd, self.model
         self.join(job)
         self.generation = job["generation"]
         done = max(hvd.allgather_object(self.done, name=f"nbdist_elastic_done_{self.generation}"))
-        broadcast_from_rank0(hvd, list(model.variables) + list(model.optimizer.variables))
+        broadcast_model(hvd, model)
         self.resized(hvd.size())
         self.recoveries.append({"generation": self.generation, "size": hvd.size(), "rank": hvd.rank(),
                                 "step": int(model.optimizer.iterations.numpy()), "joined_at": time.time(), **account})
@@ -171,7 +171,7 @@ def join_grown_job(hvd_join, control, model, job: dict, left) -> dict | None:
     (the kernel says go), join it (`hvd_join(job)` returns Horovod), and mirror `Survivor.grow`. Returns
     {"hvd", "generation", "done", "initial_epoch"}, or None when the kernel gave the join up (the run
     ended, or a rank died first)."""
-    from .horovod_ops import broadcast_from_rank0
+    from .horovod_ops import broadcast_model
 
     generation = job["generation"]
     left(generation)
@@ -193,7 +193,7 @@ def join_grown_job(hvd_join, control, model, job: dict, left) -> dict | None:
     optimizer = model.optimizer
     own_rate = float(optimizer.learning_rate) if schedule_of(optimizer) is None else None
     done = max(hvd.allgather_object(0, name=f"nbdist_elastic_done_{generation}"))
-    broadcast_from_rank0(hvd, list(model.variables) + list(optimizer.variables))
+    broadcast_model(hvd, model, optimizer)
     if own_rate is not None:  # rank 0's rate is scaled for its job; this rank's scaler starts from the cell's
         optimizer.learning_rate = own_rate
     epoch = hvd.broadcast_object(None, root_rank=0, name=f"nbdist_grow_epoch_{generation}")

@@ -31,7 +31,7 @@ from .control_step import StepControls, acting_on
 from .hfdt_loop import HorovodLoop
 from .rendezvous import arrive_together
 from .hfdt_elastic import LEFT_KEY, Survivor, elastic, is_collective_failure, join_grown_job
-from .stall_watch import StallWatch
+from .stall_watch import StallWatch, stall_timeout
 
 
 class HfdtWorker(Worker):
@@ -191,13 +191,13 @@ class HfdtWorker(Worker):
             joined = join_grown_job(self._join_job, control, model, self.config.pop("joining"), _left)
             return (None, None) if joined is None else (joined["hvd"], joined)
         hvd = self._init_horovod()
-        ops.broadcast_from_rank0(hvd, list(model.variables) + list(model.optimizer.variables))
+        ops.broadcast_model(hvd, model)
         return hvd, None
 
     def _survivor(self, hvd, model, control, scaling: list, joined: dict | None) -> Survivor:
         """This rank's side of elastic runs and of the stall watch (a newcomer carries on the job's count)."""
         survivor = Survivor(hvd, model, control, self._join_job, lambda size: [s.rescale(size) for s in scaling],
-                            _left, StallWatch(_publish, float(self.values.get("stall_timeout") or 30)),
+                            _left, StallWatch(_publish, stall_timeout(self.values, LIMITS.collective_stall_s)),
                             recover=bool(self.config.get("elastic")))
         if joined is not None:
             survivor.generation, survivor.done = joined["generation"], joined["done"]

@@ -16,6 +16,19 @@ def broadcast_from_rank0(hvd, variables) -> None:
         variable.assign(hvd.broadcast(tf.convert_to_tensor(variable), root_rank=0, name=f"nbdist_init_{i}"))
 
 
+def broadcast_model(hvd, model, optimizer=None) -> None:
+    """Every rank starts from rank 0's model variables and its optimizer's state (`optimizer`, default the model's).
+    The ranks agree first on whether the optimizer is built: where it is built on any rank (Keras' unpickling builds
+    it, a recompile does not), each rank builds its own and takes rank 0's state; otherwise (fresh, or stepped by
+    nothing: a GAN's default RMSprop) none of its variables travel. One rank building it in its first traced step
+    while another has it already left their collectives unmatched (both waited for ever)."""
+    optimizer = optimizer or model.optimizer
+    built = any(hvd.allgather_object(bool(optimizer.built), name="nbdist_optimizer_built"))
+    if built and not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    broadcast_from_rank0(hvd, list(model.variables) + (list(optimizer.variables) if built else []))
+
+
 def allreduced(hvd, apply_gradients, compression: str | None, controls=None, weight: float = 1.0,
                name: str = "nbdist_gradients"):
     """`optimizer.apply_gradients` that first averages the gradients over all ranks (`averaged`)."""
@@ -149,7 +162,7 @@ def rank0_restore(hvd, model):
 
     class RankZeroRestore(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
-            broadcast_from_rank0(hvd, list(model.variables) + list(model.optimizer.variables))
+            broadcast_model(hvd, model)
             # Keras resumes from the private `_initial_epoch` that BackupAndRestore sets
             epoch = hvd.broadcast(tf.constant(int(model._initial_epoch or 0), tf.int64), root_rank=0,
                                   name="nbdist_initial_epoch")

@@ -110,7 +110,7 @@ class PsWorker(Worker):
                     _take_statistics(client, model)
                 self.optimizer_tables.end()  # (a GAN's two optimizers: their variables' final weights over those)
                 if self.uses_ps_optimizer:
-                    _take_optimizer_state(client, optimizer, variables, names)
+                    _take_optimizer_state(client, rules.inner_of(optimizer), variables, names)
                 restore_best_weights(user, model)
                 if self.dealt is not None:
                     self.fit_timings["batches"] = {str(e): b for e, b in self.dealt.trained.items()}
@@ -185,7 +185,8 @@ class PsWorker(Worker):
 
     def _callbacks(self, client, exchange, model, user: list, own: list) -> list:
         """The fit's callbacks around the user's: batches dealt, the running statistics kept on the shards (when
-        the PS applies the optimizer), epochs agreed, the stall watch's marks (before the user's: a user callback
+        the PS applies the optimizer), epochs agreed (rank 0 then holding the job's model for the cell's epoch-end
+        callbacks), the stall watch's marks (before the user's: a user callback
         that hangs is silence), the PS's learning rate followed (rank 0, then), this strategy's own, a graceful
         stop."""
         leads = self.rank == 0 and self.uses_ps_optimizer
@@ -193,7 +194,8 @@ class PsWorker(Worker):
         dealt = [dynamic_data.epoch_follower(self.dealt)] if self.dealt is not None else []
         statistics = statistics_variables(model, variable_names(model)["non_trainable"])
         shared = [shared_statistics(client, statistics)] if statistics and self.uses_ps_optimizer else []
-        return [*dealt, *shared, epoch_agreement(client, exchange, self.share), silence_marks(self.silence), *user,
+        agreement = epoch_agreement(client, exchange, self.share, list(model.trainable_variables) if leads else None)
+        return [*dealt, *shared, agreement, silence_marks(self.silence), *user,
                 *follow, *own, stop_when_asked(exchange, self.dealt)]
 
     def optimizer_spec(self, optimizer) -> rules.OptimizerSpec:
@@ -270,7 +272,11 @@ class PsWorker(Worker):
     def connect(self, exchange: PushPull, model, variables) -> list:
         """Route training through the PS; returns the callbacks that need. Default: every step's gradient
         goes to the PS instead of the local optimizer."""
-        model.optimizer.apply_gradients = pushed(exchange, variables)
+        optimizer = model.optimizer
+        if not optimizer.built:  # (a LossScaleOptimizer's scale is one of its variables)
+            optimizer.build(variables)
+        optimizer.apply_gradients = pushed(exchange, variables, optimizer)
+        exchange.tolerate_non_finite(rules.inner_of(optimizer) is not optimizer)
         model.jit_compile = False  # XLA cannot compile a numpy_function
         return []
 
@@ -308,7 +314,7 @@ def _init_shards(client, model, spec, plan, names, step: dict | None = None, fit
     named = variable_names(model)
     trainable = dict(zip(names, (v.numpy() for v in model.trainable_variables)))
     frozen = dict(zip(named["non_trainable"], (v.numpy() for v in model.non_trainable_variables)))
-    slots, iterations = optimizer_state.export(model.optimizer, model.trainable_variables, names)
+    slots, iterations = optimizer_state.export(rules.inner_of(model.optimizer), model.trainable_variables, names)
     per_shard = [{n: trainable[n] for n in shard} | {k: a for k, a in slots.items() if k.rsplit(":", 1)[0] in shard}
                  | (frozen if i == 0 else {}) for i, shard in enumerate(plan)]
     client.request("init", per_shard, optimizer=asdict(spec), trainable=names, layout=named["layout"],
@@ -360,19 +366,50 @@ def assign(variables, values) -> None:
         variable.assign(value)
 
 
-def pushed(exchange: PushPull, variables):
-    """An `apply_gradients` that sends the gradients to the PS and installs the weights it returns."""
+def pushed(exchange: PushPull, variables, optimizer=None):
+    """An `apply_gradients` that sends the gradients to the PS and installs the weights it returns. For a
+    `LossScaleOptimizer` (`optimizer`) it sends them unscaled and keeps the loss scale as that optimizer keeps it
+    locally (`loss_scaled`)."""
+    import keras
     import tensorflow as tf
+
+    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
     def apply(grads_and_vars):
         pairs = list(grads_and_vars)
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in pairs]
+        if scaled:
+            finite = optimizer.check_finite(grads)
+            grads = [g / tf.cast(optimizer.dynamic_scale, g.dtype) for g in grads]
         new = tf.numpy_function(exchange.push, grads, [v.dtype for v in variables], stateful=True,
                                 name="nbdist_push_pull")
         for variable, value in zip(variables, new):
             variable.assign(tf.ensure_shape(value, variable.shape))
+        if scaled:
+            loss_scaled(optimizer, finite)
 
     return apply
+
+
+def loss_scaled(optimizer, finite) -> None:
+    """A `LossScaleOptimizer`'s own bookkeeping after a step, as Keras' does it: an overflowing step (the shards
+    refused its non-finite gradients, applying nothing) halves the scale; `dynamic_growth_steps` finite ones in a
+    row double it."""
+    import tensorflow as tf
+
+    def grow():
+        optimizer.step_counter.assign(0)
+        optimizer.dynamic_scale.assign(optimizer.dynamic_scale * 2.0)
+
+    def count():
+        optimizer.step_counter.assign_add(1)
+
+    def shrink():
+        optimizer.step_counter.assign(0)
+        optimizer.dynamic_scale.assign(optimizer.dynamic_scale * 0.5)
+
+    tf.cond(finite, lambda: tf.cond(tf.equal(optimizer.step_counter, optimizer.dynamic_growth_steps - 1),
+                                    grow, count), shrink)
 
 
 class PsStrategy(Strategy):

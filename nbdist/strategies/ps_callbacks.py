@@ -5,11 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 
-def epoch_agreement(client, exchange, share=lambda epoch: 1.0):
+def epoch_agreement(client, exchange, share=lambda epoch: 1.0, refresh=None):
     """The workers' epoch-end logs averaged on the PS (shard 0 waits for every live worker; each weighs by
     `share(epoch)`, its part of the epoch's data), so History
     and the cell's callbacks see the same numbers on every worker, as under hfdt, and an EarlyStopping
-    or ReduceLROnPlateau decides the same on all of them."""
+    or ReduceLROnPlateau decides the same on all of them. With `refresh` (the worker's trainable variables, rank
+    0's), the barrier's answer also brings the job's weights at that epoch's end, which replace the worker's own
+    before the cell's callbacks see the model: a ModelCheckpoint writes the job's model, and the last epoch's file
+    is the model the notebook gets back."""
     import keras
 
     class EpochAgreement(keras.callbacks.Callback):
@@ -18,10 +21,13 @@ def epoch_agreement(client, exchange, share=lambda epoch: 1.0):
                 return
             numbers = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float, np.floating))}
             reply = client.request("epoch", only=0, epoch=int(epoch), logs=numbers, share=share(epoch),
-                                   **exchange.clock_fields())[0]
+                                   weights=refresh is not None, **exchange.clock_fields())[0]
             logs.update(reply.header.get("logs") or {})
             if exchange.virtual is not None and isinstance(reply.header.get("vt"), (int, float)):
                 exchange.virtual.now = max(exchange.virtual.now, reply.header["vt"])  # the barrier's release
+            if refresh is not None:
+                for variable, value in zip(refresh, exchange.at_epoch_end(reply)):
+                    variable.assign(value)
 
     return EpochAgreement()
 
