@@ -6,7 +6,6 @@ import keras
 import numpy as np
 import pytest
 
-from nbdist.errors import OptionError
 from nbdist.ps import rules
 
 OPTIMIZERS = {
