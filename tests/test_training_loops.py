@@ -9,6 +9,9 @@ import re
 
 import pytest
 
+from tests import state_oracle
+from tests.kernel_driver import KernelDriver
+
 pytestmark = pytest.mark.cluster
 
 # the guide's set-up cell: model, optimizer, loss, data, metrics (MNIST read offline as Fashion-MNIST, 3,200
@@ -173,11 +176,36 @@ def plain(guide):
     return {ADAM: _plain_accuracies(guide, ADAM), SGD: _plain_accuracies(guide, SGD)}
 
 
+LOOP_NAMES = ["model", "optimizer", "train_acc_metric", "val_acc_metric", "train_acc", "val_acc"]
+
+
+@pytest.fixture(scope="module")
+def plain_states(tmp_path_factory):
+    """The state oracle's reference: each form of the loop, with each optimizer, run plain (no nbdist) in a kernel of
+    its own, seeded as the distributed runs are; the state walk's capture of the loop's names after it."""
+    folder = tmp_path_factory.mktemp("plain-loops")
+    driver = KernelDriver(cwd=str(folder))
+    states = {}
+    try:
+        driver.run(SETUP, timeout=120).check()
+        for form, optimizer in [(f, o) for f in FORMS for o in (ADAM, SGD)]:
+            driver.run("keras.utils.set_random_seed(3)\n" + FRESH.format(optimizer=optimizer), timeout=60).check()
+            if form == "tf.function":
+                driver.run(STEPS).check()
+            driver.run("keras.utils.set_random_seed(3)\n" + FORMS[form], timeout=300).check()
+            states[form, optimizer] = state_oracle.capture(driver, folder / "plain.pkl", LOOP_NAMES)
+    finally:
+        driver.stop()
+    return states
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("form", FORMS)
-def test_guide_loop_trains_under_every_data_parallel_strategy(guide, cluster, plain, form, strategy):
+def test_guide_loop_trains_under_every_data_parallel_strategy(guide, cluster, plain, plain_states, form, strategy,
+                                                             tmp_path):
     optimizer = SGD if strategy == "ddc-asgd" else ADAM
-    guide.run(FRESH.format(optimizer=optimizer) + "gradients_here = 0", timeout=60).check()
+    guide.run("keras.utils.set_random_seed(3)\n" + FRESH.format(optimizer=optimizer) + "gradients_here = 0",
+              timeout=60).check()
     if form == "tf.function":
         guide.run(STEPS).check()
     reply = guide.run(f"%%distribute {STRATEGIES[strategy]} --seed 3\n" + FORMS[form], timeout=300)
@@ -208,6 +236,14 @@ def test_guide_loop_trains_under_every_data_parallel_strategy(guide, cluster, pl
     else:
         assert ours["iterations"] == expected
     assert ours["val_acc"][1] == 0.0  # reset at the end of the epoch, as the loop says
+
+    # the state oracle: the notebook's loop objects as a plain run leaves them, by the strategy's rule. (Their values
+    # are not held equal under local here: the guide shuffles its dataset without a seed of its own, in a plain cell
+    # the engines run again, at another point of TensorFlow's seed sequence, so the batches come in another order;
+    # the keras-io examples hold local equal to plain.)
+    state = state_oracle.capture(guide, tmp_path / "state.pkl", LOOP_NAMES)
+    rule = "hfdt" if strategy in ("local", "hfdt") else "nfdt"  # (values not held equal, step counts by rule)
+    state_oracle.assert_state_matches(plain_states[form, optimizer], state, rule, workers)
 
 
 def _last_run_id(kernel):
@@ -469,3 +505,39 @@ def _generator_digest():
 
     weights = user_namespace()["generator"].get_weights()
     return hashlib.sha256(b"".join(np.asarray(w).tobytes() for w in weights)).hexdigest()
+
+
+OWN_CLASSES = '''
+class RunningMean(keras.metrics.Mean):
+    """A metric class of the notebook's own (not registered with Keras)."""
+
+
+class PlainSGD(keras.optimizers.SGD):
+    """An optimizer class of the notebook's own (not registered with Keras)."""
+
+
+model = get_model()
+optimizer = PlainSGD(0.05)
+loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+'''
+OWN_CLASSES_LOOP = '''
+for xb, yb in train_dataset:
+    running = RunningMean()
+    with tf.GradientTape() as tape:
+        loss_value = loss_fn(yb, model(xb, training=True))
+    grads = tape.gradient(loss_value, model.trainable_weights)
+    optimizer.apply(grads, model.trainable_weights)
+    running.update_state(loss_value)
+'''
+
+
+@pytest.mark.parametrize("strategy", ["local", "hfdt"])
+def test_objects_of_the_notebooks_own_classes_come_back_as_instances_of_them(guide, strategy):
+    """A metric made inside the loop and an optimizer, both of classes a plain cell defines: the notebook holds
+    instances of its own classes afterwards, with the engines' state (the metric's last batch, the steps)."""
+    guide.run(OWN_CLASSES, timeout=60).check()
+    guide.run(f"%%distribute {STRATEGIES[strategy]} --seed 2\n" + OWN_CLASSES_LOOP, timeout=300).check()
+    kinds = guide.value("[type(running) is RunningMean, type(optimizer) is PlainSGD, float(running.count), "
+                        "float(running.result()) == float(loss_value), int(optimizer.iterations.numpy())]")
+    batches = guide.value("int(train_dataset.cardinality())") // (2 if strategy == "hfdt" else 1)
+    assert kinds == [True, True, 1.0, True, batches], kinds

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from ..keras_semantics import state_walk
+from ..keras_semantics import own_classes, state_walk
 from ..keras_semantics.training_code import bound_names, read_names
 
 CONTAINERS = (list, dict, set)
@@ -75,16 +75,27 @@ def capture(statement: ast.stmt, namespace: dict, before: dict[str, tuple]) -> S
 # -- in the notebook ----------------------------------------------------------------------------------------
 def install(snapshot: Snapshot, namespace: dict) -> list[str]:
     """Put what rank 0 left in place in the notebook's `namespace`; returns what could not be (one line each)."""
-    import cloudpickle
-
     problems = [f"{name} stays on the engines: {why}" for name, why in snapshot.skipped.items()]
     for name, blob in snapshot.values.items():
-        namespace[name] = cloudpickle.loads(blob)
+        namespace[name] = as_notebook_classes(own_classes.loads(blob, namespace), namespace)
     for name, blob in snapshot.containers.items():
-        _update_in_place(namespace, name, cloudpickle.loads(blob))
+        _update_in_place(namespace, name, own_classes.loads(blob, namespace))
     if snapshot.state is not None:
         problems += install_state(snapshot.state, namespace)
     return problems
+
+
+def as_notebook_classes(value, namespace: dict):
+    """`value` with every Keras object in it of a class the notebook defines made an instance of the notebook's class
+    itself: the engines' copy of the class travelled by value (a class of `__main__` pickles so), and came back as
+    another class of the same name."""
+    for obj in [value, *state_walk.Walk({"value": value}).objects.values()]:
+        cls = type(obj)
+        own = namespace.get(cls.__name__)
+        if cls.__module__ == "__main__" and isinstance(own, type) and own is not cls and \
+                own.__qualname__ == cls.__qualname__ and own.__module__ == "__main__":
+            obj.__class__ = own
+    return value
 
 
 def install_state(state: state_walk.State, namespace: dict) -> list[str]:

@@ -121,9 +121,9 @@ def receive_value(name: str, digest: str, value, pickled: bool = False, shard: t
     rank's strided shard of the notebook's array; `cache`: an array this host's other engines map too, placed
     in the host's cache of that cluster (`host_cache`)."""
     if pickled:
-        import cloudpickle
+        from ..keras_semantics.own_classes import loads
 
-        value = cloudpickle.loads(value)
+        value = loads(value, _shell().user_ns)  # (an optimizer of a class of the notebook's own)
     if shard is not None:
         from ..datasets.sharding import mark_presharded
 

@@ -321,5 +321,6 @@ def _notebook_objects(namespace: dict, functions: bytes | None = None) -> dict:
     module, __main__, which is not where a cell defines it."""
     import cloudpickle
 
-    classes = {k: v for k, v in namespace.items() if isinstance(v, type) and v.__module__ == "__main__"}
-    return {**classes, **(cloudpickle.loads(functions) if functions else {})}
+    from ..keras_semantics.own_classes import classes
+
+    return {**classes(namespace), **(cloudpickle.loads(functions) if functions else {})}

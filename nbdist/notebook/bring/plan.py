@@ -19,6 +19,7 @@ from types import ModuleType
 
 from ...errors import OptionError
 from ...datasets.sharding import is_dataset
+from ...keras_semantics.own_classes import used_by
 from .names import last_binding, making, needed_names, referenced_globals
 
 
@@ -34,6 +35,7 @@ class Item:
     remade: bool = False  # code: the statements of a cell that made a value which cannot be sent
     fresh: bool = False  # code to run again every time (it makes a generator, used up by one run)
     paths: list[str] = field(default_factory=list)  # files of this host the code reads (engines must see them)
+    after_code: bool = False  # a value: sent after the code (Keras objects of the notebook's own classes)
 
 
 def plan(python: str, namespace: dict, cells: list[tuple[int, str]], skip: set[str],
@@ -72,7 +74,10 @@ def plan(python: str, namespace: dict, cells: list[tuple[int, str]], skip: set[s
             code_order.append(name)
         else:
             refuse_unsendable(name, value, cell, cells)
-            items[name] = Item(name, "value", value=value, cell=cell)
+            classes = used_by(value, namespace)  # an optimizer of the notebook's own class unpickles by the
+            for dependency in classes:  # class's name: the class is sent first (its code), the value after it
+                visit(dependency)
+            items[name] = Item(name, "value", value=value, cell=cell, after_code=bool(classes))
 
     for name in (names if names is not None else [*needed_names(python), *also]):
         visit(name)

@@ -43,16 +43,25 @@ def send(items: list[Item], cluster, workers: list[int], shard_names: set[str] =
     client = cluster.client
     sent = {"names": [], "data_bytes": 0, "sharded": [], "digests": dict(digests or {})}
     imports = [i for i in items if i.kind == "import"]
-    values = [i for i in items if i.kind == "value"]
+    values = [i for i in items if i.kind == "value" and not i.after_code]
     code = [i for i in items if i.kind == "code"]
     _refuse_unseen_files(code, cluster, workers)
     _replay(imports, cluster, workers, sent)
-    if values:
-        have = _gather(cluster, {eid: client[eid].apply_async(namespace.value_digests) for eid in workers})
-        for item in values:
-            sent["digests"][item.name] = _send_value(item, cluster, positions, have, item.name in shard_names, sent)
+    _send_values(values, cluster, workers, positions, shard_names, sent)
     _replay(code, cluster, workers, sent, sent["digests"])
+    _send_values([i for i in items if i.kind == "value" and i.after_code], cluster, workers, positions, shard_names,
+                 sent)  # (Keras objects of the notebook's own classes, rebuilt by the class's name)
     return sent
+
+
+def _send_values(values: list[Item], cluster, workers: list[int], positions: dict, shard_names: set[str],
+                 sent: dict) -> None:
+    if not values:
+        return
+    client = cluster.client
+    have = _gather(cluster, {eid: client[eid].apply_async(namespace.value_digests) for eid in workers})
+    for item in values:
+        sent["digests"][item.name] = _send_value(item, cluster, positions, have, item.name in shard_names, sent)
 
 
 def _replay(items: list[Item], cluster, workers: list[int], sent: dict, digests: dict | None = None) -> None:
