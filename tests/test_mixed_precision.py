@@ -28,8 +28,9 @@ def get_model():
     logits = keras.layers.Dense(10)(h)
     return keras.Model(inputs, keras.layers.Activation("softmax", dtype="float32")(logits))
 '''
-# a loss scale so large that the first steps' float16 gradients overflow: each is skipped and halves it
-OVERFLOWING = "keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.05), initial_scale=2.0 ** 40)"
+# a loss scale so large that the first steps' float16 gradients overflow: each is skipped and halves it (plain
+# Keras, seeds 1-3: 7 skipped steps from 2 ** 24, where 2 ** 40 took 23, more than a worker's 16 pushes of two epochs)
+OVERFLOWING = "keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.05), initial_scale=2.0 ** 24)"
 LOOP_SETUP = f'''
 model = get_model()
 optimizer = {OVERFLOWING}
@@ -87,7 +88,7 @@ def test_hfdt_ranks_skip_the_same_overflowing_steps_of_a_loop(notebook, cluster)
     first, second = rank_states(cluster, engines)
     assert first == second, (first, second)  # the same scale, counter, steps made and weights on both ranks
     scale, _, steps, _ = first
-    skipped = round(40 - np.log2(scale)) if scale < 2.0 ** 40 else 0
+    skipped = round(24 - np.log2(scale)) if scale < 2.0 ** 24 else 0
     assert skipped > 0 and steps == 8 - skipped, (scale, steps)  # 8 steps a rank (512 samples, batches of 64)
     ours = notebook.value("[float(optimizer.dynamic_scale.numpy()), int(optimizer.step_counter.numpy()), "
                           "int(optimizer.inner_optimizer.iterations.numpy())]")
@@ -107,6 +108,6 @@ def test_the_shards_apply_only_finite_unscaled_gradients_and_each_worker_keeps_i
                                            "int(model.optimizer.step_counter.numpy()), "
                                            "int(model.optimizer.inner_optimizer.iterations.numpy())]")
     assert inner == counts["applied"], (inner, counts)  # the shards' optimizer stepped once per applied push
-    assert 1.0 <= scale < 2.0 ** 40 and counter >= 0  # rank 0's own scale, halved at each of its overflows
+    assert 1.0 <= scale < 2.0 ** 24 and counter >= 0  # rank 0's own scale, halved at each of its overflows
     losses = notebook.value("history.history['loss']")
     assert losses[-1] < losses[0], losses
