@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -109,6 +110,9 @@ class KernelDriver:
 
     def value(self, expression: str, timeout: float = 60):
         """Evaluate `expression` in the kernel; it must be JSON-serialisable."""
-        reply = self.run(f"import json as _j; print('@@' + _j.dumps({expression}))", timeout).check()
-        line = [ln for ln in reply.stdout.splitlines() if ln.startswith("@@")][-1]
-        return json.loads(line[2:])
+        # between markers, in one write: a thread of the kernel's (a background run's progress) may print meanwhile
+        reply = self.run(f"import json as _j, sys as _s; _s.stdout.write('@@' + _j.dumps({expression}) + '@@\\n')",
+                         timeout).check()
+        found = re.findall(r"@@(.*?)@@", reply.stdout, flags=re.S)
+        assert found, f"no value printed for {expression!r}: {reply.stdout[-2000:]}"
+        return json.loads(found[-1])

@@ -6,6 +6,13 @@ every rank. The seam counts the steps of the first optimizer, reads the loss eac
 (the target of the `tape.gradient` just before) and hands both to `on_step` after the update, in Python: where
 the step is traced, through one `tf.numpy_function` op in it.
 
+The run's controls (pause, stop) act between steps. Where the ranks agree them in the step (a synchronous router
+returns the flags), the traced step holds the condition that calls Python while one is on. Otherwise (the flags
+the monitor thread read) a step that runs once per Python call holds nothing for them: eager, or traced straight
+into the graph of the `tf.function` the loop calls (not in a loop, branch or function inside it). The next call of
+a `tf.function` (or the next eager step) acts on them in Python instead: a Dense step of a millisecond lost 2-4 % to
+that condition and its variable reads (benchmarks/training_loop.py, docs/benchmarks.md).
+
 Inside `fit` the strategy's own path keeps what it routes (`Worker.routes_in_fit`).
 """
 
@@ -29,8 +36,9 @@ class StepSeam:
 
     Nothing of Python runs in a traced step for the seam: the step counts itself and keeps its loss in variables,
     and `router.act_on_controls(flags)` is called only when a control is on (the flags the step agreed, or what
-    `controls_seen` set). `monitor(seam)`, if given, runs every `MONITOR_S` in a thread of its own while the seam
-    is open (it publishes the records and reads the run's controls)."""
+    `controls_seen` set: in the step where it runs more than once per call, else before the loop's next call of a
+    `tf.function`). `monitor(seam)`, if given, runs every `MONITOR_S` in a thread of its own while the seam is open
+    (it publishes the records and reads the run's controls)."""
 
     MONITOR_S = 0.25
 
@@ -46,6 +54,10 @@ class StepSeam:
         self._saved: list = []
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
+        self._pending = None  # the flags `controls_seen` set while a control is on, for the loop's thread to act on
+        self._last_seen = None  # the flags last assigned to the variables
+        self._loop_thread: threading.Thread | None = None  # the thread the cell runs in (that enters the seam)
+        self._acting = False  # in `_between_calls`' act (what it calls is not checked again)
 
     @property
     def steps(self) -> int:
@@ -107,6 +119,9 @@ class StepSeam:
                        (LossScaleOptimizer, "apply", scaled_apply)]
         BaseOptimizer.apply, tf.GradientTape.gradient = routed_apply, noted_gradient
         LossScaleOptimizer.apply = routed_scaled_apply
+        self._loop_thread = threading.current_thread()
+        if self.loops:
+            self._check_calls()
         if self.monitor is not None and self.loops:
             self._thread = threading.Thread(target=self._watch, name="nbdist-loop-monitor", daemon=True)
             self._thread.start()
@@ -119,6 +134,30 @@ class StepSeam:
         self._done.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+    def _check_calls(self) -> None:
+        """Within: every call of a `tf.function` (or of a concrete function) first acts on a control that is on,
+        in the loop's thread, outside any trace: the point between two steps that a step traced once per call has."""
+        from tensorflow.python.eager.polymorphic_function.concrete_function import ConcreteFunction
+        from tensorflow.python.eager.polymorphic_function.polymorphic_function import Function
+
+        for owner in (Function, ConcreteFunction):
+            self._saved.append((owner, "__call__", owner.__call__))
+            owner.__call__ = _checked(owner.__call__, self)
+
+    def _between_calls(self) -> None:
+        """Act on the flags `controls_seen` set, where the loop's thread calls a function eagerly."""
+        import tensorflow as tf
+
+        flags = self._pending
+        if flags is None or self.stop_requested or self._acting or \
+                threading.current_thread() is not self._loop_thread or not tf.executing_eagerly():
+            return
+        self._acting = True
+        try:
+            self._act(flags)
+        finally:
+            self._acting = False
 
     def _unrouted(self, apply, optimizer, grads, variables):
         """`apply` with the optimizer steps it makes inside (a wrapper's inner optimizer) not routed again."""
@@ -171,6 +210,9 @@ class StepSeam:
                 self._loss.assign(loss)
         else:
             self._others.assign_add(1)
+        if flags is None and self._once_per_call():
+            self._between_calls()  # (eager: acts now; traced: the loop's next call acts, see `_check_calls`)
+            return None
         if flags is None:
             flags, on = self._seen, self._on
         else:
@@ -184,8 +226,24 @@ class StepSeam:
     def controls_seen(self, flags) -> None:
         """The run's controls as the worker sees them ([paused, stop]), for the steps that agree none themselves."""
         flags = np.asarray(flags, np.float32)
-        self._seen.assign(flags)
-        self._on.assign(bool(flags.max() > 0))
+        on = bool(flags.max() > 0)
+        self._pending = flags if on else None
+        if self._last_seen is None or not np.array_equal(flags, self._last_seen):  # (the steps read them)
+            self._seen.assign(flags)
+            self._on.assign(on)
+            self._last_seen = flags
+
+    @staticmethod
+    def _once_per_call() -> bool:
+        """Whether the step being made runs once per Python call of what makes it: eagerly, or traced straight
+        into a `tf.function`'s own graph (not into a loop's body, a branch, or a function that graph calls)."""
+        import tensorflow as tf
+        from tensorflow.python.framework.func_graph import FuncGraph
+
+        if tf.executing_eagerly():
+            return True
+        graph = tf.compat.v1.get_default_graph()
+        return isinstance(graph, FuncGraph) and not isinstance(getattr(graph, "outer_graph", None), FuncGraph)
 
     def _act(self, flags) -> np.int64:
         try:
@@ -212,6 +270,18 @@ class StepSeam:
             return None
         tensor = tensor if tensor.dtype == tf.float32 else tf.cast(tensor, tf.float32)
         return tensor if tensor.shape.rank == 0 else tf.reduce_mean(tensor)
+
+
+def _checked(call, seam: StepSeam):
+    """`call` (a function's `__call__`) acting first on a control that is on (`StepSeam._check_calls`)."""
+
+    def checked_call(fn, *args, **kwargs):
+        if seam._pending is not None:
+            seam._between_calls()
+        return call(fn, *args, **kwargs)
+
+    checked_call.__doc__ = call.__doc__
+    return checked_call
 
 
 @contextlib.contextmanager
