@@ -127,7 +127,8 @@ def assert_state_matches(plain: State, run: State, strategy: str, workers: int, 
     """The oracle's verdict: `run` is what a plain run leaves, by `strategy`'s rule (see the module docstring)."""
     found = mismatches(plain, run, strategy, workers, ignore)
     gap, where = largest_gap(plain, run)
-    print(f"state oracle, {strategy}: {len(run.values)} variables, largest relative gap to plain {gap:.3g} at {where}")
+    print(f"state oracle, {strategy}: {len(run.values)} variables, {len(found)} differing beyond the rule, largest "
+          f"relative gap to plain {gap:.3g} at {where}")
     assert not found, (f"the notebook's state after the {strategy} run differs from a plain run's at "
                        f"{len(found)} address(es) (largest relative gap {gap:.3g} at {where}):\n  " +
                        "\n  ".join(found[:40]))

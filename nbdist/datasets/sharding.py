@@ -136,6 +136,42 @@ def dataset_batch(dataset) -> int:
     return int(tf.shape(tf.nest.flatten(next(iter(dataset)))[0])[0])
 
 
+def batch_size_of(dataset) -> int | None:
+    """The samples of a batched tf.data pipeline's batch, read from its structure without iterating it (None where
+    neither its element spec nor a `batch` in it says): an iteration would move a `shuffle`'s order on, and the
+    cell's own first epoch would not be a local run's."""
+    import tensorflow as tf
+
+    for spec in tf.nest.flatten(dataset.element_spec):
+        shape = getattr(spec, "shape", None)
+        if shape is not None and shape.rank and shape[0] is not None:
+            return int(shape[0])
+    node = dataset
+    while node is not None:
+        size = getattr(node, "_batch_size", None)
+        if size is not None:
+            return int(size)
+        node = getattr(node, "_input_dataset", None)
+    return None
+
+
+def spec_batch(dataset) -> tuple | None:
+    """(x, y, sample_weight) of one sample of zeros shaped as a tf.data pipeline's elements, made without iterating
+    it (see `batch_size_of`); None where an element is not a dense tensor of a known shape but its batch."""
+    import keras
+    import tensorflow as tf
+
+    specs = tf.nest.flatten(dataset.element_spec)
+    if not all(isinstance(s, tf.TensorSpec) and s.shape.rank and None not in s.shape[1:] for s in specs):
+        return None
+
+    def zeros(spec):
+        shape = [1, *spec.shape[1:]]
+        return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
+
+    return keras.utils.unpack_x_y_sample_weight(tf.nest.map_structure(zeros, dataset.element_spec))
+
+
 def first_batch(source) -> tuple:
     """(x, y, sample_weight) of the first batch of a tf.data.Dataset or a PyDataset, unpacked as Keras unpacks it
     (y and sample_weight None where the source gives none)."""

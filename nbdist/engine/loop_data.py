@@ -81,12 +81,13 @@ class LoopData:
 
 
 def _batch_of(dataset) -> int | None:
-    """The samples of the pipeline's first batch (None where it has none to read)."""
-    from ..datasets.sharding import dataset_batch
+    """The samples of the pipeline's batch, without iterating it (None where it does not say: its records then
+    count steps only); a PyDataset's first batch."""
+    from ..datasets.sharding import batch_size_of, dataset_batch, is_py_dataset
 
     try:
-        return dataset_batch(dataset)
-    except Exception:  # noqa: BLE001 - a pipeline that cannot be read ahead: its records count steps only
+        return dataset_batch(dataset) if is_py_dataset(dataset) else batch_size_of(dataset)
+    except Exception:  # noqa: BLE001 - a PyDataset whose first batch cannot be read ahead
         return None
 
 

@@ -42,3 +42,42 @@ def apply(settings: dict) -> None:
         keras.backend.set_image_data_format(settings["image_data_format"])
     if keras.backend.epsilon() != settings["epsilon"]:
         keras.backend.set_epsilon(settings["epsilon"])
+
+
+def random_state() -> dict:
+    """This process's random state, as a cell leaves it: Python's and NumPy's generators, TensorFlow's global seed
+    with the generator of its ops' seeds, and Keras' global seed generator (what initializers without a seed,
+    `keras.random` calls and layers' own draws take next)."""
+    import random
+
+    import numpy as np
+    from keras.src.backend.common import global_state
+    from tensorflow.python.eager import context
+
+    keras_generator = global_state.get_global_attribute("global_seed_generator")
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "tf_seed": context.global_seed(),
+            "tf_ops": context.context()._rng.getstate() if context.context()._rng is not None else None,
+            "keras": None if keras_generator is None else np.asarray(keras_generator.state.numpy())}
+
+
+def set_random_state(state: dict) -> None:
+    """Make this process's random state `state` (`random_state` of another process): the notebook's after a
+    training cell is rank 0's, so the cells after it draw what they would after a local run."""
+    import random
+
+    import numpy as np
+    import tensorflow as tf
+    from keras.src.backend.common import global_state
+    from keras.src.random.seed_generator import global_seed_generator
+    from tensorflow.python.eager import context
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if state["tf_seed"] is not None:
+        tf.random.set_seed(state["tf_seed"])
+    if state["tf_ops"] is not None and context.context()._rng is not None:
+        context.context()._rng.setstate(state["tf_ops"])
+    if state["keras"] is None:
+        global_state.set_global_attribute("global_seed_generator", None)
+    else:
+        global_seed_generator().state.assign(state["keras"])

@@ -64,10 +64,12 @@ def install(state, roots: dict, request=None) -> list[str]:
 def _data_batch(request) -> tuple:
     """(x, y, sample_weight) of one sample of the fit's data, as the notebook holds it."""
     from ..datasets import structures
-    from ..datasets.sharding import first_batch, is_dataset, is_py_dataset
+    from ..datasets.sharding import first_batch, is_dataset, is_py_dataset, spec_batch
 
     x = request.args.get("x")
-    if is_dataset(x) or is_py_dataset(x):
+    if is_dataset(x):  # (not iterated where its elements say their shapes: a shuffle's order stays a local run's)
+        return spec_batch(x) or first_batch(x)
+    if is_py_dataset(x):
         return first_batch(x)
     one = slice(0, 1)
     return (structures.take(x, one), structures.take(request.args.get("y"), one),

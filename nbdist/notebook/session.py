@@ -545,7 +545,23 @@ class Session:
 
             namespace = self.shell.user_ns
             problems += install(cell_state, {n: namespace[n] for n in cell_state.roots if n in namespace})
-        self._tell_left(run, problems)
+        self._tell_left(run, problems + self._take_random_state(run))
+
+    def _take_random_state(self, run: runs.Run) -> list[str]:
+        """The notebook's random state becomes rank 0's after the cell, as a local run leaves its process's (the
+        engines drew what the cell drew; the notebook's replay drew nothing of it): what it could not take."""
+        from ..keras_semantics import keras_globals
+
+        if not run.workers:
+            return []
+        try:
+            state = self.require_cluster().client[run.workers[0]].apply_async(keras_globals.random_state).get(
+                timeout=LIMITS.definition_s)
+            keras_globals.set_random_state(state)
+        except Exception as e:  # noqa: BLE001 (rank 0 gone with its engine: the run's results are in)
+            return [f"the random state of rank 0 after the cell did not come back ({type(e).__name__}: {e}); the "
+                    f"notebook's next draws are not a local run's"]
+        return []
 
     @staticmethod
     def _tell_left(run: runs.Run, problems: list[str]) -> None:
@@ -586,6 +602,7 @@ class Session:
         if not outcome.success:
             raise NbdistError(f"run {run.id} trained on the engines, but the cell failed here (see above); "
                               f"its results are in nbdist.last_run.")
+        self._tell_left(run, self._take_random_state(run))
 
 
 def _short_run_share(samples: int | None, strategy, workers: list[int]) -> int | None:

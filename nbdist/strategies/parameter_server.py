@@ -29,7 +29,7 @@ from ..host import interrupt_guard
 from ..keras_semantics import optimizer_state
 from ..errors import NbdistError, OptionError, ParameterServerFailed, RunStalled
 from ..host.hetero import Profile, Slowdown, StepCost, parse_simulate
-from ..keras_semantics.keras_bridge import apply_gradients_restored, build_for_training
+from ..keras_semantics.keras_bridge import apply_gradients_restored, build_for_training, keras_train_step
 from ..limits import LIMITS
 from ..ps import checkpoint, delay, rules
 from ..ps.client import PsClient, merged
@@ -109,7 +109,7 @@ class PsWorker(Worker):
                 if self.uses_ps_optimizer:
                     _take_statistics(client, model)
                 self.optimizer_tables.end()  # (a GAN's two optimizers: their variables' final weights over those)
-                if self.uses_ps_optimizer:
+                if self.uses_ps_optimizer and exchange.steps:  # (a GAN's train_step may never step the model's own)
                     _take_optimizer_state(client, rules.inner_of(optimizer), variables, names)
                 restore_best_weights(user, model)
                 if self.dealt is not None:
@@ -273,10 +273,11 @@ class PsWorker(Worker):
         """Route training through the PS; returns the callbacks that need. Default: every step's gradient
         goes to the PS instead of the local optimizer."""
         optimizer = model.optimizer
-        if not optimizer.built:  # (a LossScaleOptimizer's scale is one of its variables)
+        scaled = rules.inner_of(optimizer) is not optimizer  # (a LossScaleOptimizer's scale is one of its variables)
+        if not optimizer.built and (scaled or keras_train_step(model)):  # (one no step uses stays unbuilt)
             optimizer.build(variables)
         optimizer.apply_gradients = pushed(exchange, variables, optimizer)
-        exchange.tolerate_non_finite(rules.inner_of(optimizer) is not optimizer)
+        exchange.tolerate_non_finite(scaled)
         model.jit_compile = False  # XLA cannot compile a numpy_function
         return []
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.keras_io.harness import CELL_TIMEOUT_S, DETERMINISM, RESEED, NotebookKernel, plain_cell
+from tests.keras_io.harness import (CELL_TIMEOUT_S, DETERMINISM, RESEED, NotebookKernel, engine_threads, plain_cell,
+                                    plain_determinism)
 from tests.state_oracle import capture
 from tests.support import idle_engines, scaled
 
@@ -36,14 +37,15 @@ class PlainRun:
 
 
 @pytest.fixture(scope="module")
-def plain_notebook(request, tmp_path_factory) -> PlainRun:
+def plain_notebook(cluster, request, tmp_path_factory) -> PlainRun:
     """The example's cells run once as a plain notebook (no nbdist), seeded and deterministic as the distributed
-    runs are (`harness.DETERMINISM`, `plain_cell`), in a folder and a kernel of their own, stopped at once."""
+    runs are, on an engine's thread pools (`harness.plain_determinism`, `plain_cell`), in a folder and a kernel of
+    their own, stopped at once."""
     module = request.module
     folder = tmp_path_factory.mktemp(module.__name__.rsplit(".", 1)[-1] + "-plain")
     driver = NotebookKernel(cwd=str(folder))
     try:
-        driver.run(DETERMINISM).check()
+        driver.run(plain_determinism(engine_threads(cluster))).check()
         for cell in module.SETUP:
             driver.run(cell, timeout=SETUP_TIMEOUT_S).check()
         driver.run(RESEED).check()
@@ -66,7 +68,9 @@ def notebook(cluster, request, tmp_path_factory):
     try:
         driver.run("%load_ext nbdist\nimport nbdist").check()
         driver.run(f"%dist connect --cluster-id {cluster.cluster_id}", timeout=scaled(120)).check()
-        driver.run(DETERMINISM).check()
+        # on an engine's thread pools too, as the plain kernel: what the SETUP cells compute here (a pre-training,
+        # an adapt) must be the plain kernel's to the bit, or local starts from other values than plain
+        driver.run(plain_determinism(engine_threads(cluster))).check()
         for cell in request.module.SETUP:
             driver.run(cell, timeout=SETUP_TIMEOUT_S).check()
         driver.folder = folder

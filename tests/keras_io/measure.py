@@ -4,8 +4,8 @@ its BOUNDS are set (harness.Bound: the mean less three standard deviations; plus
     .venv/bin/python -m tests.keras_io.measure test_mnist_convnet hfdt nfdt pipeline tensor --seeds 5
 
 One plain kernel and one nbdist kernel on a cluster of its own (2 engines), each seed run as the acceptance test runs
-seed 1 (harness.DETERMINISM, RESEED, the strategy's line with `--seed <s>`). Prints one line per strategy and the
-`Bound(...)` to paste, and writes build/bounds/<module>.json.
+seed 1 (harness.plain_determinism: an engine's thread pools in both kernels; RESEED; the strategy's line with
+`--seed <s>`). Prints one line per strategy and the `Bound(...)` to paste, and writes build/bounds/<module>.json.
 """
 
 from __future__ import annotations
@@ -51,7 +51,11 @@ def kernel_for(module, folder: Path, cluster: bool):
     kernel.run("%load_ext nbdist\nimport nbdist").check()
     if cluster:
         kernel.run("%dist start -n 2", timeout=240).check()
-    kernel.run(harness.DETERMINISM).check()
+    # both kernels on an engine's thread pools, as the acceptance test's (conftest: `harness.plain_determinism`)
+    from nbdist.host.threads import engine_cores, share
+
+    pools = share(engine_cores(), 2)
+    kernel.run(harness.plain_determinism({"intra": pools.intra, "inter": pools.inter})).check()
     for cell in module.SETUP:
         kernel.run(cell, timeout=300).check()
     return kernel

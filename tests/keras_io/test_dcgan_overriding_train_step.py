@@ -10,11 +10,12 @@ instead of 128; the display cells (matplotlib) left out.
 
 from __future__ import annotations
 
+import math
 import sys
 
 import pytest
 
-from tests.keras_io.harness import STRATEGIES, Refused, Trains, history, run_example
+from tests.keras_io.harness import STRATEGIES, Measure, Refused, Trains, history, run_example
 
 SOURCE = "keras-team/keras-io examples/generative/dcgan_overriding_train_step.py"
 LICENCE = "Apache-2.0"
@@ -202,18 +203,27 @@ OUTCOMES = {
     "tensor": Trains(),
 }
 MODEL = "gan"
-
-
-def check(notebook, strategy):
-    """The example trains both networks through `fit` (its History: d_loss, g_loss) and its callback writes
-    generated_img_<epoch>_<i>.png, 10 images an epoch, beside the notebook: they exist and load, 32x32 RGB."""
-    d_loss, g_loss = history(notebook, "d_loss"), history(notebook, "g_loss")
-    assert len(d_loss) == len(g_loss) == 1 and 0 < d_loss[0] < 10 and 0 < g_loss[0] < 10, (d_loss, g_loss)
-    sizes = notebook.value("[keras.utils.load_img('generated_img_000_%d.png' % i).size for i in range(10)]")
-    assert sizes == [[32, 32]] * 10
+# a GAN's losses are a game's, neither better lower nor higher: equal to plain's under local, no bound elsewhere
+MEASURE = Measure("discriminator loss (the History's last epoch)", "float(gan.history.history['d_loss'][-1])",
+                  higher=None)
+# No bound. Its spread, measured as the other examples' bounds are (build/bounds/test_dcgan_overriding_train_step.json):
+#   .venv/bin/python -m tests.keras_io.measure test_dcgan_overriding_train_step hfdt nfdt tensor --seeds 5
+# seeds 1-5, 2026-12-07: plain 0.699, 0.675, 0.679, 0.698, 0.668 (mean 0.684 sd 0.014); hfdt mean 0.689 sd 0.015
+# (gap +0.005); nfdt 0.687 sd 0.015 (+0.004); tensor 0.684 sd 0.014 (-0.000)
+BOUNDS = {}
 FILES = ["generated_img_*.png"]  # removed before each strategy's run: the check sees this run's files
 
 
+def check(notebook, strategy):
+    """The example trains both networks through `fit` (its History: d_loss, g_loss, each a
+    cross-entropy of noisy labels: positive and finite) and its callback writes
+    generated_img_<epoch>_<i>.png, 10 images an epoch, beside the notebook: they exist and load, 32x32 RGB."""
+    d_loss, g_loss = history(notebook, "d_loss"), history(notebook, "g_loss")
+    assert len(d_loss) == len(g_loss) == 1 and all(0 < v < math.inf for v in d_loss + g_loss), (d_loss, g_loss)
+    sizes = notebook.value("[keras.utils.load_img('generated_img_000_%d.png' % i).size for i in range(10)]")
+    assert sizes == [[32, 32]] * 10
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_example(notebook, cluster, strategy):
-    run_example(notebook, sys.modules[__name__], strategy, cluster)
+def test_example(notebook, plain_notebook, cluster, strategy):
+    run_example(notebook, sys.modules[__name__], strategy, cluster, plain_notebook)

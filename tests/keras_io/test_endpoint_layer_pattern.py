@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from tests.keras_io.harness import NO_GRAPH, STRATEGIES, Refused, history, run_example, trains_everywhere
+from tests.keras_io.harness import (NO_GRAPH, STRATEGIES, Bound, Measure, Refused, history, run_example,
+                                    trains_everywhere)
 
 SOURCE = "keras-team/keras-io examples/keras_recipes/endpoint_layer_pattern.py"
 LICENCE = "Apache-2.0"
@@ -110,6 +111,21 @@ model.fit(data, epochs=2)
 # tensor trains the functional model, then refuses the subclassed one
 OUTCOMES = {**trains_everywhere(), "pipeline": Refused(NO_GRAPH, at=1)}  # (its second model is subclassed)
 MODEL = "model"
+# the example has no accuracy (its endpoint's, logged with Keras 2's add_metric, is left out): the loss its endpoint
+# layer added, the subclassed model's (the last fit's) History's last epoch (Keras leaves it on the model, as nbdist
+# does; the cell does not keep it)
+MEASURE = Measure("the subclassed model's add_loss loss", "float(model.history.history['loss'][-1])", higher=False)
+# measured (build/bounds/test_endpoint_layer_pattern.json):
+#   .venv/bin/python -m tests.keras_io.measure test_endpoint_layer_pattern hfdt nfdt tensor --seeds 5
+# value = the mean plus 3 sd (a loss: lower is better) of the strategy's five runs, seeds 1-5
+BOUNDS = {
+    "hfdt": Bound(0.3870, "seeds 1-5: 0.354, 0.356, 0.375, 0.360, 0.351; mean 0.359 sd 0.009; "
+                          "plain 0.360 sd 0.008 (gap -0.001); 2026-12-07"),
+    "nfdt": Bound(0.4341, "seeds 1-5: 0.357, 0.361, 0.397, 0.389, 0.348; mean 0.370 sd 0.021; "
+                          "plain 0.360 sd 0.008 (gap +0.010); 2026-12-07"),
+    "tensor": Bound(0.3882, "seeds 1-5: 0.347, 0.368, 0.365, 0.355, 0.342; mean 0.355 sd 0.011; "
+                            "plain 0.360 sd 0.008 (gap -0.005); 2026-12-07"),
+}
 
 
 def _functional_trained(notebook, strategy):
@@ -131,5 +147,5 @@ def check(notebook, strategy):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_example(notebook, cluster, strategy):
-    run_example(notebook, sys.modules[__name__], strategy, cluster)
+def test_example(notebook, plain_notebook, cluster, strategy):
+    run_example(notebook, sys.modules[__name__], strategy, cluster, plain_notebook)

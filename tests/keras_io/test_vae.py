@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.keras_io.harness import NO_GRAPH, STRATEGIES, history, pipeline_refuses, run_example
+from tests.keras_io.harness import NO_GRAPH, STRATEGIES, Bound, Measure, history, pipeline_refuses, run_example
 
 SOURCE = "keras-team/keras-io examples/generative/vae.py"
 LICENCE = "Apache-2.0"
@@ -132,22 +132,36 @@ z_mean, _, _ = vae.encoder.predict(np.expand_dims(x_test[:512], -1).astype("floa
 
 OUTCOMES = pipeline_refuses(NO_GRAPH)
 MODEL = "vae"
+# the fit's History (the cell does not keep it; Keras leaves it on the model, as nbdist does): the last epoch's mean
+# of the reconstruction term the model's own train_step tracks
+MEASURE = Measure("reconstruction loss", "float(vae.history.history['reconstruction_loss'][-1])", higher=False)
+# measured (build/bounds/test_vae.json):
+#   .venv/bin/python -m tests.keras_io.measure test_vae hfdt nfdt tensor --seeds 5
+# value = the mean plus 3 sd (a loss: lower is better) of the strategy's five runs, seeds 1-5
+# a finding (reported): hfdt's mean is 19.8 and nfdt's 13.1 above plain's (a worse reconstruction), more than
+# either's spread or plain's (sd 8.4, 3.6; plain 3.7); the bounds are their own runs' spreads
+BOUNDS = {
+    "hfdt": Bound(440.7808, "seeds 1-5: 412.271, 425.125, 423.285, 412.325, 405.131; mean 415.627 sd 8.384; "
+                            "plain 395.873 sd 3.650 (gap +19.754); 2026-12-07"),
+    "nfdt": Bound(419.6311, "seeds 1-5: 409.031, 414.236, 410.120, 405.375, 406.030; mean 408.958 sd 3.558; "
+                            "plain 395.873 sd 3.650 (gap +13.085); 2026-12-07"),
+    "tensor": Bound(406.8279, "seeds 1-5: 396.352, 399.495, 398.503, 394.801, 390.226; mean 395.876 sd 3.651; "
+                              "plain 395.873 sd 3.650 (gap +0.003); 2026-12-07"),
+}
 
 
 def check(notebook, strategy):
     """The example trains the VAE through `fit` with its own loss trackers (History: loss, reconstruction_loss,
     kl_loss), then decodes points of the 2-D latent space into 28x28 images and encodes digits to 2-D means. At
-    4,096 images and 3 epochs: the total loss fell; the reconstruction term is below that of a model that outputs
-    0.5 for every pixel (784 ln 2 = 543); the decoder's image and the encoder's means have the example's shapes."""
-    loss, reconstruction = history(notebook, "loss"), history(notebook, "reconstruction_loss")
+    4,096 images and 3 epochs: the total loss fell (its reconstruction term: MEASURE; a model that outputs 0.5 for
+    every pixel scores 784 ln 2 = 543); the decoder's image and the encoder's means have the example's shapes."""
+    loss = history(notebook, "loss")
     assert len(loss) == 3 and loss[-1] < loss[0], loss
-    assert len(history(notebook, "kl_loss")) == 3
-    if strategy != "nfdt":
-        assert reconstruction[-1] < 543, reconstruction
+    assert len(history(notebook, "reconstruction_loss")) == len(history(notebook, "kl_loss")) == 3
     assert notebook.value("[list(x_decoded.shape), list(z_mean.shape)]") == [[1, 28, 28, 1], [512, 2]]
     assert notebook.value("bool(0 <= x_decoded.min() and x_decoded.max() <= 1)")
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_example(notebook, cluster, strategy):
-    run_example(notebook, sys.modules[__name__], strategy, cluster)
+def test_example(notebook, plain_notebook, cluster, strategy):
+    run_example(notebook, sys.modules[__name__], strategy, cluster, plain_notebook)
