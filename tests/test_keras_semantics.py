@@ -273,3 +273,34 @@ def test_mixed_precision_trains_under_hfdt_and_on_the_ps(kernel):
     distribute(kernel, "nfdt", cell).check()
     kind, steps = kernel.value(inner_steps)
     assert kind == "LossScaleOptimizer" and steps == kernel.value("nbdist.last_run.ps[0]['counts']['applied']") > 0
+
+
+SEEDED_SETUP = '''
+import random
+import tensorflow as tf
+keras.utils.set_random_seed(3)
+ds = tf.data.Dataset.from_tensor_slices((sx[:256], sy[:256])).shuffle(256, seed=5).batch(64)
+model = mlp()
+optimizer = keras.optimizers.SGD(0.05)
+'''
+SEEDED_LOOP = '''seen = []
+for xb, yb in ds:
+    with tf.GradientTape() as tape:
+        loss = keras.ops.mean(keras.losses.sparse_categorical_crossentropy(yb, model(xb)))
+    optimizer.apply(tape.gradient(loss, model.trainable_weights), model.trainable_weights)
+    seen.append(int(np.sum(yb)))
+'''
+DRAWS = "[random.random(), float(np.random.rand()), float(keras.random.uniform(())), float(mlp().weights[0][0, 0])]"
+
+
+def test_local_leaves_the_notebooks_random_state_and_the_loops_batches_as_a_plain_run(kernel):
+    """A seeded loop over a shuffled pipeline under `local`: it sees the batches a plain run sees (nbdist does not
+    read the pipeline ahead, which moved the shuffle on by an epoch), and the notebook's next draws (Python, NumPy,
+    Keras' seed generator, a new layer's initial weights) are a plain run's: the notebook takes rank 0's random
+    state after the cell."""
+    kernel.run(SEEDED_SETUP).check()
+    kernel.run("keras.utils.set_random_seed(7)\n" + SEEDED_LOOP, timeout=120).check()  # (--seed 7's reseed)
+    plain = kernel.value(f"[seen, {DRAWS}]")
+    kernel.run(SEEDED_SETUP).check()
+    distribute(kernel, "local", SEEDED_LOOP, "--seed 7").check()
+    assert kernel.value(f"[seen, {DRAWS}]") == plain

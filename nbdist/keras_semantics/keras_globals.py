@@ -3,9 +3,10 @@ mixed-precision policy (`keras.mixed_precision.set_global_policy("mixed_float16"
 `compile` wraps the optimizer in a `LossScaleOptimizer`), `floatx`, the image data format, epsilon, and TensorFlow's
 op determinism (`tf.config.experimental.enable_op_determinism()`: with a seed, a run computes the same numbers every
 time). The engines take the notebook's before its definitions and models reach them, so a model built, compiled and
-trained there is the one a local run would have. With op determinism on, TensorFlow refuses a random op in a process
-with no global seed; an engine with none takes the notebook's (a dataset a plain cell shuffled or augmented is rebuilt
-there before `--seed` seeds the run)."""
+trained there is the one a local run would have. The engines also take TensorFlow's global seed: a random op's seeds
+are the pair (global seed, op seed), fixed where the op is made, so a pipeline a plain cell shuffled with `seed=5`
+and that an engine rebuilds from the cell (before `--seed` seeds the run) shuffles as the notebook's does (and with
+op determinism on, TensorFlow refuses a random op in a process with no global seed)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def apply(settings: dict) -> None:
 
     if config.is_op_determinism_enabled() != settings["op_determinism"]:
         (config.enable_op_determinism if settings["op_determinism"] else config.disable_op_determinism)()
-    if settings["op_determinism"] and context.global_seed() is None and settings["global_seed"] is not None:
+    if settings["global_seed"] is not None and context.global_seed() != settings["global_seed"]:
         import tensorflow as tf
 
         tf.random.set_seed(settings["global_seed"])
