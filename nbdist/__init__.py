@@ -12,6 +12,8 @@ from .errors import NbdistError
 from .notebook.session import SESSIONS as _sessions
 from .notebook.session import Session, get_session
 
+RANDOM_STATES_KEPT = 1000  # cells whose random state before they ran is kept, for replaying them on the engines
+
 __version__ = "0.1.0"
 __all__ = ["NbdistError", "Session", "get_session", "load_ipython_extension", "unload_ipython_extension"]
 
@@ -30,7 +32,11 @@ def load_ipython_extension(shell) -> None:
     _sessions[id(shell)] = session
 
     def remember_cell_id(info):
+        from .keras_semantics.keras_globals import random_state
+
         session.current_cell_id = getattr(info, "cell_id", None)
+        session.random_before[shell.execution_count] = random_state()
+        session.random_before.pop(shell.execution_count - RANDOM_STATES_KEPT, None)
 
     session.cell_hook = remember_cell_id
     shell.events.register("pre_run_cell", remember_cell_id)

@@ -80,13 +80,16 @@ def forget(keys: list[str]) -> None:
 
 
 def run_definition(key: str, digest: str, source: str, index, cwd: str | None = None,
-                   empty_weights: bool = False) -> None:
+                   empty_weights: bool = False, random_state: dict | None = None) -> None:
     """Run one recorded definition cell and remember its digest; in the notebook's working directory `cwd`
     where this engine sees it (its relative paths then mean what they mean in the notebook). With
-    `empty_weights` (a model-parallel run) the layers it builds get weights without values (`keras_semantics.empty_weights`)."""
+    `empty_weights` (a model-parallel run) the layers it builds get weights without values (`keras_semantics.empty_weights`);
+    with `random_state` (the notebook's before the cell ran) it draws what it drew in the notebook."""
     from ..keras_semantics.empty_weights import weights_without_values
+    from ..keras_semantics.keras_globals import drawing_as
 
-    with working_directory(cwd), (weights_without_values() if empty_weights else contextlib.nullcontext()):
+    with working_directory(cwd), (weights_without_values() if empty_weights else contextlib.nullcontext()), \
+            drawing_as(random_state):
         run_source(source, f"<nbdist definition cell {index}>")
     _shell().user_ns.setdefault(DEFINITIONS_VAR, {})[key] = digest
 

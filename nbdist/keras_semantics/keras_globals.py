@@ -10,6 +10,8 @@ op determinism on, TensorFlow refuses a random op in a process with no global se
 
 from __future__ import annotations
 
+import contextlib
+
 
 def current() -> dict:
     """The notebook's settings (what `apply` sets on an engine)."""
@@ -45,40 +47,66 @@ def apply(settings: dict) -> None:
         keras.backend.set_epsilon(settings["epsilon"])
 
 
+
 def random_state() -> dict:
-    """This process's random state, as a cell leaves it: Python's and NumPy's generators, TensorFlow's global seed
-    with the generator of its ops' seeds, and Keras' global seed generator (what initializers without a seed,
-    `keras.random` calls and layers' own draws take next)."""
+    """This process's random state: Python's generator, and where they are loaded NumPy's, TensorFlow's global seed
+    with the generator of its ops' seeds, and Keras' global seed generator."""
     import random
+    import sys
 
-    import numpy as np
-    from keras.src.backend.common import global_state
-    from tensorflow.python.eager import context
+    state: dict = {"python": random.getstate()}
+    if "numpy" in sys.modules:
+        state["numpy"] = sys.modules["numpy"].random.get_state()
+    if "tensorflow" in sys.modules:
+        from tensorflow.python.eager import context
 
-    keras_generator = global_state.get_global_attribute("global_seed_generator")
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "tf_seed": context.global_seed(),
-            "tf_ops": context.context()._rng.getstate() if context.context()._rng is not None else None,
-            "keras": None if keras_generator is None else np.asarray(keras_generator.state.numpy())}
+        rng = context.context()._rng
+        state["tensorflow"] = (context.global_seed(), None if rng is None else rng.getstate())
+    if "keras" in sys.modules:
+        from keras.src.backend.common import global_state
+
+        generator = global_state.get_global_attribute("global_seed_generator")
+        state["keras"] = None if generator is None else generator.state.numpy()
+    return state
 
 
 def set_random_state(state: dict) -> None:
-    """Make this process's random state `state` (`random_state` of another process): the notebook's after a
-    training cell is rank 0's, so the cells after it draw what they would after a local run."""
+    """Make this process's random state `state` (what `random_state` read, here or in another process)."""
     import random
 
-    import numpy as np
-    import tensorflow as tf
-    from keras.src.backend.common import global_state
-    from keras.src.random.seed_generator import global_seed_generator
-    from tensorflow.python.eager import context
-
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    if state["tf_seed"] is not None:
-        tf.random.set_seed(state["tf_seed"])
-    if state["tf_ops"] is not None and context.context()._rng is not None:
-        context.context()._rng.setstate(state["tf_ops"])
-    if state["keras"] is None:
-        global_state.set_global_attribute("global_seed_generator", None)
-    else:
-        global_seed_generator().state.assign(state["keras"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+    if "tensorflow" in state:
+        import tensorflow as tf
+        from tensorflow.python.eager import context
+
+        seed, ops = state["tensorflow"]
+        tf.random.set_seed(seed)
+        if ops is not None and context.context()._rng is not None:
+            context.context()._rng.setstate(ops)
+    if "keras" in state:
+        from keras.src.backend.common import global_state
+        from keras.src.random.seed_generator import global_seed_generator
+
+        if state["keras"] is None:
+            global_state.set_global_attribute("global_seed_generator", None)
+        else:
+            global_seed_generator().state.assign(state["keras"])
+
+
+@contextlib.contextmanager
+def drawing_as(state: dict | None):
+    """Within: this process draws from `state` (a notebook cell's random state before it ran, for its replay on an
+    engine: `image_dataset_from_directory` draws its shuffle seed from NumPy); after, from its own state again."""
+    if state is None:
+        yield
+        return
+    own = random_state()
+    set_random_state(state)
+    try:
+        yield
+    finally:
+        set_random_state(own)

@@ -184,24 +184,48 @@ class ModelState:
 
 
 def seed_states(model) -> dict:
-    """{address: state} of the seed generators `model` reaches (`state_walk` addresses)."""
+    """{address: state} of the seed generators `model` reaches (`state_walk` addresses), and {address: seed} of its
+    layers' random initializers made without a seed: Keras draws one when the layer is made (Python's `random`)
+    and draws again when it remakes the layer from its config, so a layer built on the engine (a subclassed
+    model's, at its first call) would start from other weights than it does in the notebook."""
     from ..keras_semantics.state_walk import Walk
 
     walk = Walk({"model": model})
     seeds = [a for a, kind in walk.kinds.items() if kind == "seed"]
-    return {a: np.asarray(walk.objects[a].state.numpy()) for a in seeds}
+    states = {a: np.asarray(walk.objects[a].state.numpy()) for a in seeds}
+    return states | {address: initializer.seed for address, initializer in _drawn_initializers(walk).items()}
 
 
 def install_seeds(model, seeds: dict) -> None:
-    """Engine side: the notebook's seed generator states into this engine's copy of `model`."""
+    """Engine side: the notebook's seed generator states and initializer seeds into this engine's copy of `model`."""
     from ..keras_semantics.empty_weights import fill
     from ..keras_semantics.state_walk import Walk
 
     walk = Walk({"model": model})
+    initializers = _drawn_initializers(walk)
     for address, value in seeds.items():
+        if address in initializers:
+            initializers[address].seed = int(value)
+            continue
         generator = walk.objects.get(address)
         if generator is not None and tuple(generator.state.shape) == tuple(np.shape(value)):
             fill(generator.state, value)  # (made empty with the weights, where they were)
+
+
+def _drawn_initializers(walk) -> dict:
+    """{"<layer address>:<attribute>": initializer} of the random initializers made without a seed of the layers
+    of `walk` (`<layer>.kernel_initializer`)."""
+    import keras
+    from keras.src.initializers.random_initializers import RandomInitializer
+
+    found = {}
+    for address, layer in walk.objects.items():
+        if not isinstance(layer, keras.layers.Layer):
+            continue
+        for attribute, value in sorted(vars(layer).items()):
+            if isinstance(value, RandomInitializer) and value._init_seed is None and isinstance(value.seed, int):
+                found[f"{address}:{attribute}"] = value
+    return found
 
 
 def compile_text(config: dict) -> str:

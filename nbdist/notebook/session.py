@@ -42,6 +42,7 @@ class Session:
         self.current_cell_id: str | None = None  # set by a pre_run_cell hook in a notebook
         self.listeners: list = []  # callables told what changed ("cluster", "definitions", "run", "progress")
         self.cell_hook = None  # the pre_run_cell hook that keeps `current_cell_id` (set by %load_ext)
+        self.random_before: dict[int, dict] = {}  # each cell's (In[n]) random state before it ran (the same hook)
         self.lab = None  # the JupyterLab sidebar's channel, in a Jupyter kernel
         self.theme = "light"  # JupyterLab's theme as its extension reports it ("light" or "dark")
         self._transformed: dict[str, str] = {}  # cell text -> its Python (IPython's transform, cached)
@@ -257,7 +258,11 @@ class Session:
         models = model_sync.models_used(python, namespace)
         also = model_sync.own_classes(models.values(), namespace)  # the models' custom layers, for their unpickling
         rebuilt = {n for n, m in models.items() if model_sync.rebuild_error(m) is None}  # the others: by their code
-        return bring.plan(python, namespace, self._notebook_cells(), marked | rebuilt | set(skip), names, also)
+        items = bring.plan(python, namespace, self._notebook_cells(), marked | rebuilt | set(skip), names, also)
+        for item in items:  # a value remade on the engines draws what its cell drew here
+            if item.remade and item.cell is not None:
+                item.random_state = self.random_before.get(item.cell)
+        return items
 
     def _notebook_cells(self) -> list[tuple[int, str]]:
         history = self.shell.user_ns.get("In") or []
@@ -545,23 +550,7 @@ class Session:
 
             namespace = self.shell.user_ns
             problems += install(cell_state, {n: namespace[n] for n in cell_state.roots if n in namespace})
-        self._tell_left(run, problems + self._take_random_state(run))
-
-    def _take_random_state(self, run: runs.Run) -> list[str]:
-        """The notebook's random state becomes rank 0's after the cell, as a local run leaves its process's (the
-        engines drew what the cell drew; the notebook's replay drew nothing of it): what it could not take."""
-        from ..keras_semantics import keras_globals
-
-        if not run.workers:
-            return []
-        try:
-            state = self.require_cluster().client[run.workers[0]].apply_async(keras_globals.random_state).get(
-                timeout=LIMITS.definition_s)
-            keras_globals.set_random_state(state)
-        except Exception as e:  # noqa: BLE001 (rank 0 gone with its engine: the run's results are in)
-            return [f"the random state of rank 0 after the cell did not come back ({type(e).__name__}: {e}); the "
-                    f"notebook's next draws are not a local run's"]
-        return []
+        self._tell_left(run, problems)
 
     @staticmethod
     def _tell_left(run: runs.Run, problems: list[str]) -> None:
@@ -602,7 +591,6 @@ class Session:
         if not outcome.success:
             raise NbdistError(f"run {run.id} trained on the engines, but the cell failed here (see above); "
                               f"its results are in nbdist.last_run.")
-        self._tell_left(run, self._take_random_state(run))
 
 
 def _short_run_share(samples: int | None, strategy, workers: list[int]) -> int | None:

@@ -36,6 +36,7 @@ class Item:
     fresh: bool = False  # code to run again every time (it makes a generator, used up by one run)
     paths: list[str] = field(default_factory=list)  # files of this host the code reads (engines must see them)
     after_code: bool = False  # a value: sent after the code (Keras objects of the notebook's own classes)
+    random_state: dict | None = None  # remade code: the notebook's random state before its cell ran
 
 
 def plan(python: str, namespace: dict, cells: list[tuple[int, str]], skip: set[str],

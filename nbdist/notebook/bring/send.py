@@ -80,7 +80,7 @@ def _replay(items: list[Item], cluster, workers: list[int], sent: dict, digests:
         if item.remade:
             before += f"{item.name}={digest};"
         calls = {eid: client[eid].apply_async(namespace.run_definition, key, digest, item.source,
-                                              f"brought {item.name}", os.getcwd())
+                                              f"brought {item.name}", os.getcwd(), random_state=item.random_state)
                  for eid in workers if have[eid].get(key) != digest}
         _gather(cluster, calls, item)
         if calls:
