@@ -164,7 +164,19 @@ print("test loss, test acc:", results)
 OUTCOMES = trains_everywhere()
 MODEL = "siamese"
 MEASURE = Measure("test accuracy", "float(results[1])")
-BOUNDS = {}
+# Measured: .venv/bin/python -m tests.keras_io.measure test_siamese_contrastive hfdt nfdt pipeline tensor --seeds 5
+# (build/bounds/<module>.json). pipeline's mean is 0.032 below plain's, six times the spreads: a finding, its cause
+# not yet found, reported in the issue (not a bound widened).
+BOUNDS = {
+    "hfdt": Bound(0.8647, "seeds 1-5: 0.886, 0.880, 0.882, 0.876, 0.873; mean 0.879 sd 0.005; plain 0.883 sd 0.005 "
+                          "(gap -0.004); 2026-12-07"),
+    "nfdt": Bound(0.8741, "seeds 1-5: 0.877, 0.881, 0.882, 0.884, 0.882; mean 0.881 sd 0.002; plain 0.883 sd 0.005 "
+                          "(gap -0.001); 2026-12-07"),
+    "pipeline": Bound(0.8303, "seeds 1-5: 0.854, 0.843, 0.849, 0.862, 0.849; mean 0.851 sd 0.007; plain 0.883 sd "
+                              "0.005 (gap -0.032); 2026-12-07"),
+    "tensor": Bound(0.8622, "seeds 1-5: 0.887, 0.879, 0.881, 0.891, 0.873; mean 0.882 sd 0.007; plain 0.883 sd 0.005 "
+                            "(gap -0.001); 2026-12-07"),
+}
 
 
 def check(notebook, strategy):
