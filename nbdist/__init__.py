@@ -35,7 +35,10 @@ def load_ipython_extension(shell) -> None:
         from .keras_semantics.keras_globals import random_state
 
         session.current_cell_id = getattr(info, "cell_id", None)
-        session.random_before[shell.execution_count] = random_state()
+        try:
+            session.random_before[shell.execution_count] = random_state()
+        except Exception:  # noqa: BLE001 (never in the way of the user's cell: its replay then draws its own)
+            session.random_before.pop(shell.execution_count, None)
         session.random_before.pop(shell.execution_count - RANDOM_STATES_KEPT, None)
 
     session.cell_hook = remember_cell_id

@@ -60,7 +60,7 @@ def random_state() -> dict:
     if "tensorflow" in sys.modules:
         from tensorflow.python.eager import context
 
-        rng = context.context()._rng
+        rng = getattr(context.context(), "_rng", None)  # (made by the first `tf.random.set_seed`)
         state["tensorflow"] = (context.global_seed(), None if rng is None else rng.getstate())
     if "keras" in sys.modules:
         from keras.src.backend.common import global_state
@@ -85,7 +85,7 @@ def set_random_state(state: dict) -> None:
 
         seed, ops = state["tensorflow"]
         tf.random.set_seed(seed)
-        if ops is not None and context.context()._rng is not None:
+        if ops is not None and getattr(context.context(), "_rng", None) is not None:
             context.context()._rng.setstate(ops)
     if "keras" in state:
         from keras.src.backend.common import global_state
