@@ -214,13 +214,13 @@ def install_seeds(model, seeds: dict) -> None:
 
 def _drawn_initializers(walk) -> dict:
     """{"<layer address>:<attribute>": initializer} of the random initializers made without a seed of the layers
-    of `walk` (`<layer>.kernel_initializer`)."""
+    of `walk` not built yet (`<layer>.kernel_initializer`; a built layer's weights are made already)."""
     import keras
     from keras.src.initializers.random_initializers import RandomInitializer
 
     found = {}
     for address, layer in walk.objects.items():
-        if not isinstance(layer, keras.layers.Layer):
+        if not isinstance(layer, keras.layers.Layer) or layer.built:
             continue
         for attribute, value in sorted(vars(layer).items()):
             if isinstance(value, RandomInitializer) and value._init_seed is None and isinstance(value.seed, int):

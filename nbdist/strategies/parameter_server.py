@@ -194,7 +194,14 @@ class PsWorker(Worker):
         dealt = [dynamic_data.epoch_follower(self.dealt)] if self.dealt is not None else []
         statistics = statistics_variables(model, variable_names(model)["non_trainable"])
         shared = [shared_statistics(client, statistics)] if statistics and self.uses_ps_optimizer else []
-        agreement = epoch_agreement(client, exchange, self.share, list(model.trainable_variables) if leads else None)
+        variables, names = list(model.trainable_variables), variable_names(model)["trainable"]
+
+        def take_state():  # (only an optimizer the fit steps: a GAN's unused own one stays unbuilt)
+            if exchange.steps:
+                _take_optimizer_state(client, rules.inner_of(model.optimizer), variables, names)
+
+        agreement = epoch_agreement(client, exchange, self.share, variables if leads else None,
+                                    take_state if leads else None)
         return [*dealt, *shared, agreement, silence_marks(self.silence), *user,
                 *follow, *own, stop_when_asked(exchange, self.dealt)]
 

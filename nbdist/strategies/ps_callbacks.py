@@ -5,14 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 
-def epoch_agreement(client, exchange, share=lambda epoch: 1.0, refresh=None):
+def epoch_agreement(client, exchange, share=lambda epoch: 1.0, refresh=None, take_state=None):
     """The workers' epoch-end logs averaged on the PS (shard 0 waits for every live worker; each weighs by
     `share(epoch)`, its part of the epoch's data), so History
     and the cell's callbacks see the same numbers on every worker, as under hfdt, and an EarlyStopping
     or ReduceLROnPlateau decides the same on all of them. With `refresh` (the worker's trainable variables, rank
     0's), the barrier's answer also brings the job's weights at that epoch's end, which replace the worker's own
     before the cell's callbacks see the model: a ModelCheckpoint writes the job's model, and the last epoch's file
-    is the model the notebook gets back."""
+    is the model the notebook gets back; `take_state()` then brings the shards' optimizer state too (a Keras 3
+    weights file holds the optimizer's variables)."""
     import keras
 
     class EpochAgreement(keras.callbacks.Callback):
@@ -28,6 +29,8 @@ def epoch_agreement(client, exchange, share=lambda epoch: 1.0, refresh=None):
             if refresh is not None:
                 for variable, value in zip(refresh, exchange.at_epoch_end(reply)):
                     variable.assign(value)
+            if take_state is not None:
+                take_state()
 
     return EpochAgreement()
 

@@ -125,12 +125,40 @@ def making(name: str, cells: list[tuple[int, str]], sendable=lambda name: True) 
     if not any(name in _binds(s) for _, s in chosen):
         return None
     chosen.reverse()
+    chosen = _with_seeding(statements, chosen)
     source = "".join("".join(python.splitlines(True)[s.lineno - 1:s.end_lineno]).rstrip("\n") + "\n"
                      for python, s in chosen)
     made = {n for _, s in chosen for n in _binds(s)}
     outside = [n for _, s in chosen for n in _reads(s) if n not in made or sendable(n)]
     outside = [n for n in dict.fromkeys(outside) if n != name and not _bound_before_read(n, chosen)]
     return source, [n for n in outside if n not in NOT_BROUGHT and not n.startswith("_")]
+
+
+SEEDING_CALLS = {"set_random_seed", "set_seed", "seed"}  # keras.utils / tf.random / np.random / random
+
+
+def _with_seeding(statements: list, chosen: list) -> list:
+    """`chosen` (in order) with the calls that seed a generator (`keras.utils.set_random_seed(3)`) that come before a
+    chosen statement in its cell: the replay then draws what the cell drew after them."""
+    last_in_cell = {}
+    for position, (python, statement) in enumerate(statements):
+        if any(statement is s for _, s in chosen):
+            last_in_cell[id(python)] = position
+    kept = []
+    for position, (python, statement) in enumerate(statements):
+        if any(statement is s for _, s in chosen):
+            kept.append((python, statement))
+        elif position < last_in_cell.get(id(python), -1) and _seeds(statement):
+            kept.append((python, statement))
+    return kept
+
+
+def _seeds(statement) -> bool:
+    call = statement.value if isinstance(statement, ast.Expr) else None
+    if not isinstance(call, ast.Call):
+        return False
+    func = call.func
+    return (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) in SEEDING_CALLS
 
 
 def _bound_before_read(name: str, chosen) -> bool:
