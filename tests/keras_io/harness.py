@@ -14,6 +14,8 @@ An example module (one notebook) declares:
 - BOUNDS: for every strategy but `local` that trains it, the bound its MEASURE must reach (`Bound`), measured from the
   spread of five seeded runs under that strategy (`python -m tests.keras_io.measure`), with how, beside it;
 - IGNORE (optional): addresses of the state walk the state oracle leaves out, with why;
+- LOCAL_DIFFERS (optional): why `local` cannot end where plain does here (a known gap of nbdist, named in the
+  issue): the oracle then holds it to the same objects and step counts, not values;
 - FILES (optional): glob patterns of the files the example writes beside the notebook, removed before each
   strategy's run so that its check sees that run's files.
 
@@ -175,9 +177,14 @@ def assert_like_plain(notebook, module, strategy: str, plain) -> None:
     """The state oracle against the plain run, then the example's MEASURE: under `local` plain's, elsewhere its
     measured bound."""
     state = state_oracle.capture(notebook, notebook.folder / f"state-{strategy}.pkl")
-    state_oracle.assert_state_matches(plain.state, state, strategy, WORKERS[strategy], getattr(module, "IGNORE", ()))
+    differs = strategy == "local" and getattr(module, "LOCAL_DIFFERS", None)
+    rule = "local, values differ" if differs else strategy
+    state_oracle.assert_state_matches(plain.state, state, rule, WORKERS[strategy], getattr(module, "IGNORE", ()))
     measure = module.MEASURE
     value = float(notebook.value(measure.expression))
+    if differs:
+        print(f"local differs from plain here, known: {differs} ({measure.name} {value:.4f}, plain {plain.measure:.4f})")
+        return
     if strategy == "local":
         assert abs(value - plain.measure) <= LOCAL_MEASURE_TOLERANCE, (
             f"{measure.name} {value:.4f} under local, {plain.measure:.4f} plain (seed {SEED}): local is plain Keras")
