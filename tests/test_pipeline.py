@@ -20,6 +20,7 @@ model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="sparse_c
 history = model.fit(x, y, batch_size=40, epochs=2, steps_per_epoch=10, shuffle=False, validation_data=(xt[:200], yt[:200]))
 '''
 DIFF = ("max(float(abs(a - b).max()) for a, b in zip({0}, {1}))")
+METRICS = "[v.numpy() for v in model.metrics_variables]"  # the compiled loss tracker's and metrics' totals
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def local_run(kernel, cluster):
     idle_engines(cluster, 4)
     kernel.run("%%distribute --strategy local --seed 5\n" + CELL, timeout=180).check()
     kernel.run("local_w, local_opt = model.get_weights(), [v.numpy() for v in model.optimizer.variables]; "
-               "local_hist = history.history").check()
+               f"local_hist, local_metrics = history.history, {METRICS}").check()
 
 
 @pytest.mark.parametrize("stages,micro,kind,replicas", [(2, 1, "1f1b", 1), (2, 4, "gpipe", 1), (3, 4, "1f1b", 1),
@@ -38,6 +39,12 @@ def test_pipeline_equals_one_engine_after_20_steps(kernel, local_run, stages, mi
     assert kernel.value(DIFF.format("local_w", "model.get_weights()")) <= 1e-5
     # the optimizer's momentum slots came back from every stage, in the whole model's order
     assert kernel.value(DIFF.format("local_opt", "[v.numpy() for v in model.optimizer.variables]")) <= 1e-5
+    # the compiled metrics came back from the last stage (its last validation's totals, as a local fit leaves them;
+    # with replicas, replica 0's share)
+    if replicas == 1:
+        assert kernel.value(f"all(np.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(local_metrics, {METRICS}))")
+    else:
+        assert kernel.value(f"all(float(abs(m).sum()) > 0 for m in {METRICS})")
     result = kernel.value("{'hist': history.history, 'local': local_hist, 'plan': nbdist.last_run.plan}")
     assert result["hist"].keys() == result["local"].keys() and len(result["hist"]["loss"]) == 2
     for key, values in result["local"].items():

@@ -206,13 +206,21 @@ class State:
 
     def without(self, prefixes) -> "State":
         """This capture without the objects and variables under any of these addresses."""
+        return self._kept(prefixes, inside=False)
+
+    def only(self, prefixes) -> "State":
+        """This capture's objects and variables under any of these addresses, and nothing else."""
+        return self._kept(prefixes, inside=True)
+
+    def _kept(self, prefixes, inside: bool) -> "State":
         prefixes = tuple(prefixes)
 
-        def under(address):
-            return any(address == p or address.startswith((p + ".", p + "/", p + "[")) for p in prefixes)
+        def keep(address):
+            under = any(address == p or address.startswith((p + ".", p + "/", p + "[")) for p in prefixes)
+            return under == inside
 
-        return State(list(self.roots), {a: f for a, f in self.objects.items() if not under(a)},
-                     {a: v for a, v in self.values.items() if not under(a)}, dict(self.left))
+        return State(list(self.roots), {a: f for a, f in self.objects.items() if keep(a)},
+                     {a: v for a, v in self.values.items() if keep(a)}, {a: w for a, w in self.left.items() if keep(a)})
 
 
 def capture(roots: Mapping[str, Any], only_changed: Mapping[str, str] | None = None, skip: set[int] = frozenset(),

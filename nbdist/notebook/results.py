@@ -35,7 +35,9 @@ def install_result(model, result: FitResult, request=None, callbacks=None, clien
         problems = install(result.state, {"model": model}, request)
     else:
         _install_weights(model, result)
-        problems = _left_with_the_parts(model)
+        metrics = (result.parts or {}).get("metrics")  # (a pipeline's last stage's compiled loss and metrics)
+        problems = install(metrics, {"model": model}, request) if metrics is not None else []
+        problems += _left_with_the_parts(model, metrics)
     history = keras.callbacks.History()
     history.set_model(model)
     history.history = {k: list(v) for k, v in result.history.items()}
@@ -75,13 +77,15 @@ def _data_batch(request) -> tuple:
     return (structures.take(x, one), structures.take(request.args.get("y"), one),
             structures.take(request.args.get("sample_weight"), one))
 
-def _left_with_the_parts(model) -> list[str]:
-    """What a model-parallel run that returned only the joined weights and the model's optimizer left on the
-    engines: the model's metrics and seed generators (named, never silent)."""
+def _left_with_the_parts(model, returned=None) -> list[str]:
+    """What a model-parallel run that returned only the joined weights and the model's optimizer (and the
+    `returned` capture) left on the engines: the model's other metrics and its seed generators (named, never
+    silent)."""
     from ..keras_semantics.state_walk import Walk
 
     walk = Walk({"model": model})
-    left = [a for a, kind in walk.kinds.items() if kind in ("metric", "seed") and any(
+    given = returned.objects if returned is not None else {}
+    left = [a for a, kind in walk.kinds.items() if kind in ("metric", "seed") and a not in given and any(
         v.startswith(a + "/") for v in walk.variables)]
     if not left:
         return []

@@ -50,7 +50,7 @@ KEEP_WEIGHTS = Option("--keep-weights", "where the trained weights go (pipeline)
                       "whose save_weights writes a sharded checkpoint and which the next pipeline run trains on), or "
                       "auto (engines where the notebook's model needs more than half of its host's available memory)",
                       default="auto", choices=("auto", "notebook", "engines"))
-TIMING_REPEATS = 3
+TIMING_REPEATS = 5
 
 
 class PipelineWorker(Worker):
@@ -255,6 +255,8 @@ class PipelineWorker(Worker):
                         "trainable_index": self.layout["trainable_index"],
                         "busy_s": stage.steps.busy_s, "step_s": stage.steps.step_s,
                         "bytes_sent": self.links.bytes_sent, "plan": self.plan, **self.handed_in}
+        if self.last:
+            result.parts["metrics"] = compiled_metrics_state(stage)
         return result
 
 
@@ -326,6 +328,19 @@ def stage_layout(model, part) -> dict:
     return {"variables": weights,
             "weight_index": [i for i, v in enumerate(model.weights) if id(v) in own],
             "trainable_index": [i for i, v in enumerate(model.trainable_variables) if id(v) in own]}
+
+
+COMPILED_STATE = ("model._compile_loss", "model._compile_metrics", "model._loss_tracker")
+
+
+def compiled_metrics_state(stage):
+    """The last stage's compiled loss and metrics (the stage is compiled as the cell's model is, so their state
+    walk addresses are the notebook model's): this replica's totals, as hfdt gives rank 0's."""
+    from ..keras_semantics.state_walk import Walk, capture
+
+    walk = Walk({"model": stage})
+    others = {id(v) for a, v in walk.variables.items() if not a.startswith(COMPILED_STATE)}  # (not copied)
+    return capture(walk.roots, walk=walk, skip=others).only(COMPILED_STATE)
 
 
 def stage_compile_args(model, last: bool) -> dict:
@@ -517,7 +532,7 @@ def assemble(results: list[FitResult]) -> FitResult:
     merged = FitResult(weights=weights, optimizer_weights=optimizer, history=last.history, params=last.params,
                        epoch=last.epoch, records=last.records, timings=last.timings, callbacks=last.callbacks,
                        files=last.files)
-    merged.parts = {"stages": [r.parts for r in results]}
+    merged.parts = {"stages": [r.parts for r in results], "metrics": last.parts.get("metrics")}
     return merged
 
 
