@@ -259,14 +259,22 @@ def strategy_line(name: str) -> str:
     return f"%%distribute --strategy {name} --workers {workers} --seed 1{virtual}\n"
 
 
+# A kernel that ended releases a connected cluster's engines from its lifeline (`namespace.release`: its names,
+# Keras' session, a garbage collection); after a keras-io module's runs that took over 30 s on a loaded machine.
+IDLE_WAIT_S = 120
+
+
 def idle_engines(cluster: TestCluster, count: int) -> list[int]:
     """`count` engines of the cluster, idle (starting more if it has fewer); their ids.
 
     Every engine is idle between tests (the shared cluster's guard fails a test that leaves one busy); an
     engine a test of an own cluster killed leaves the hub's list within its heartbeats."""
     client = cluster.client
-    busy = wait_idle(client, scaled(30))
+    started = time.monotonic()
+    busy = wait_idle(client, scaled(IDLE_WAIT_S))
     assert not busy, f"engines still busy before the test: {busy}"
+    if time.monotonic() - started > 5:
+        print(f"idle_engines: waited {time.monotonic() - started:.1f} s for the engines to be idle")
     missing = count - len(client.ids)
     if missing > 0:
         cluster.cluster.start_engines_sync(n=missing)
